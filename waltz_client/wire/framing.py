@@ -1,0 +1,145 @@
+"""Length-prefixed frames and the connection handshake.
+
+Frame: ``u32 length`` (big-endian, counts the bytes after itself), ``u8
+message type``, then the message body. A frame of length 0 is malformed; a
+length over the configured maximum is refused before its body is read.
+
+Handshake: before any frame, the connecting side sends a 12-byte hello
+(magic ``WLTZ``, service, lowest and highest protocol version it speaks)
+and the accepting side answers with a 12-byte reply (magic, status, the
+version chosen). Anything but status OK is followed by a close.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+from .errors import FrameTooLarge, HandshakeError, MalformedFrame
+
+FRAME_HEADER = struct.Struct(">IB")  # length, message type
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+MAGIC = b"WLTZ"
+_HELLO = struct.Struct(">4sBBHHH")  # magic, service, reserved, min, max, reserved
+_REPLY = struct.Struct(">4sBBHH")  # magic, status, reserved, version, reserved
+_REPLY_PAD = b"\x00\x00"
+HANDSHAKE_BYTES = 12
+assert _HELLO.size == HANDSHAKE_BYTES and _REPLY.size + len(_REPLY_PAD) == HANDSHAKE_BYTES
+
+
+class Service(IntEnum):
+    """Which protocol a connection speaks; a client dialling the wrong port learns it at once."""
+
+    STORAGE = 1
+    SERVER = 2
+
+
+class HandshakeStatus(IntEnum):
+    OK = 0
+    UNSUPPORTED_VERSION = 1
+    WRONG_SERVICE = 2
+
+
+def encode_frame(message_type: int, body: bytes | bytearray | memoryview) -> bytes:
+    return FRAME_HEADER.pack(len(body) + 1, message_type) + body
+
+
+class FrameDecoder:
+    """Incremental frame splitter for a byte stream.
+
+    ``feed`` bytes as they arrive; it returns the complete frames as
+    ``(message_type, body)`` pairs and keeps any partial frame for the next
+    call. A bad length raises at once, before the body is buffered.
+    """
+
+    __slots__ = ("_buf", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self.max_frame_bytes = max_frame_bytes
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, bytes]]:
+        buf = self._buf
+        buf += data
+        frames: list[tuple[int, bytes]] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            (length,) = struct.unpack_from(">I", buf, pos)
+            if length == 0:
+                raise MalformedFrame("frame length 0: a frame holds at least its type byte")
+            if length > self.max_frame_bytes:
+                raise FrameTooLarge(
+                    f"frame length {length} exceeds the maximum of {self.max_frame_bytes} bytes"
+                )
+            if end - pos - 4 < length:
+                break
+            message_type = buf[pos + 4]
+            frames.append((message_type, bytes(buf[pos + 5 : pos + 4 + length])))
+            pos += 4 + length
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    service: Service
+    min_version: int
+    max_version: int
+
+    def encode(self) -> bytes:
+        return _HELLO.pack(MAGIC, self.service, 0, self.min_version, self.max_version, 0)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Hello:
+        if len(data) != HANDSHAKE_BYTES:
+            raise HandshakeError(f"hello must be {HANDSHAKE_BYTES} bytes, got {len(data)}")
+        magic, service, _, low, high, _ = _HELLO.unpack(data)
+        if magic != MAGIC:
+            raise HandshakeError(f"bad magic {magic!r}: not a Waltz client (expected {MAGIC!r})")
+        try:
+            svc = Service(service)
+        except ValueError:
+            raise HandshakeError(f"unknown service {service} in hello") from None
+        if low > high:
+            raise HandshakeError(f"hello version range {low}..{high} is empty")
+        return cls(svc, low, high)
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReply:
+    status: HandshakeStatus
+    version: int
+
+    def encode(self) -> bytes:
+        return _REPLY.pack(MAGIC, self.status, 0, self.version, 0) + _REPLY_PAD
+
+    @classmethod
+    def decode(cls, data: bytes) -> HelloReply:
+        if len(data) != HANDSHAKE_BYTES:
+            raise HandshakeError(f"hello reply must be {HANDSHAKE_BYTES} bytes, got {len(data)}")
+        magic, status, _, version, _ = _REPLY.unpack_from(data)
+        if magic != MAGIC:
+            raise HandshakeError(f"bad magic {magic!r} in hello reply: not a Waltz endpoint")
+        try:
+            st = HandshakeStatus(status)
+        except ValueError:
+            raise HandshakeError(f"unknown handshake status {status}") from None
+        return cls(st, version)
+
+
+def negotiate(hello: Hello, service: Service, supported: range) -> HelloReply:
+    """The accepting side's decision: the highest version both sides speak."""
+    if hello.service != service:
+        return HelloReply(HandshakeStatus.WRONG_SERVICE, 0)
+    best = min(hello.max_version, supported.stop - 1)
+    if best < hello.min_version or best < supported.start:
+        return HelloReply(HandshakeStatus.UNSUPPORTED_VERSION, 0)
+    return HelloReply(HandshakeStatus.OK, best)

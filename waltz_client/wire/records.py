@@ -1,0 +1,216 @@
+"""ReqId, RecordHeader and Record: the transaction structures on the wire.
+
+Record on the wire (big-endian)::
+
+    i64 transaction id | ReqId (4 x i32) | i32 header | i32 data length
+    | data bytes | u32 CRC-32 of data
+
+Batches of records (Append, Record List) travel as a ``RecordBatch``: the
+raw bytes of consecutive records, validated once (bounds and CRCs) when
+decoded, so hot paths never build one Python object per record.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .buffers import Reader
+from .errors import ChecksumMismatch, MalformedMessage
+
+REQ_ID = struct.Struct(">iiii")
+RECORD_HEADER = struct.Struct(">qiiiii")  # txid, reqid(4), header
+WIRE_RECORD_HEAD = struct.Struct(">qiiiiii")  # RECORD_HEADER + data length
+CRC = struct.Struct(">I")
+
+DEFAULT_MAX_DATA_BYTES = 16 * 1024 * 1024
+
+
+def crc32(data: bytes | bytearray | memoryview) -> int:
+    """CRC-32 (zlib polynomial) of transaction data, as an unsigned 32-bit int."""
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class ReqId:
+    """Client-generated unique request ID."""
+
+    client_id: int
+    generation: int
+    partition_id: int
+    seq: int
+
+    def encode(self) -> bytes:
+        return REQ_ID.pack(self.client_id, self.generation, self.partition_id, self.seq)
+
+    @classmethod
+    def read(cls, r: Reader) -> ReqId:
+        return cls(
+            r.i32("ReqId.client_id"),
+            r.i32("ReqId.generation"),
+            r.i32("ReqId.partition_id"),
+            r.i32("ReqId.seq"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    transaction_id: int
+    req_id: ReqId
+    header: int
+
+    def encode(self) -> bytes:
+        q = self.req_id
+        return RECORD_HEADER.pack(
+            self.transaction_id, q.client_id, q.generation, q.partition_id, q.seq, self.header
+        )
+
+    @classmethod
+    def read(cls, r: Reader) -> RecordHeader:
+        return cls(
+            r.i64("RecordHeader.transaction_id"), ReqId.read(r), r.i32("RecordHeader.header")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    transaction_id: int
+    req_id: ReqId
+    header: int
+    data: bytes
+
+    @property
+    def checksum(self) -> int:
+        return crc32(self.data)
+
+    def encode(self) -> bytes:
+        q = self.req_id
+        return b"".join(
+            (
+                WIRE_RECORD_HEAD.pack(
+                    self.transaction_id,
+                    q.client_id,
+                    q.generation,
+                    q.partition_id,
+                    q.seq,
+                    self.header,
+                    len(self.data),
+                ),
+                self.data,
+                CRC.pack(crc32(self.data)),
+            )
+        )
+
+    @classmethod
+    def read(cls, r: Reader, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> Record:
+        txid = r.i64("Record.transaction_id")
+        req_id = ReqId.read(r)
+        header = r.i32("Record.header")
+        length = r.i32("Record.data length")
+        if length < 0 or length > max_data_bytes:
+            raise MalformedMessage(f"Record.data length {length} is outside 0..{max_data_bytes}")
+        data = r.raw(length, "Record.data")
+        checksum = r.u32("Record.checksum")
+        if crc32(data) != checksum:
+            raise ChecksumMismatch(
+                f"transaction {txid}: data CRC-32 {crc32(data):#010x} != sent {checksum:#010x}"
+            )
+        return cls(txid, req_id, header, data)
+
+
+class RecordBatch:
+    """Consecutive wire records kept as bytes, validated once.
+
+    ``spans`` gives ``(transaction id, offset, data length)`` for each
+    record, offsets into ``buf``; the fixed head of a record is the 32 bytes
+    at its offset, its data follows, then the 4-byte data CRC.
+    """
+
+    __slots__ = ("buf", "spans")
+
+    def __init__(self, buf: bytes, spans: list[tuple[int, int, int]]) -> None:
+        self.buf = buf
+        self.spans = spans
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RecordBatch) and self.buf == other.buf
+
+    def __repr__(self) -> str:
+        if not self.spans:
+            return "RecordBatch(empty)"
+        return f"RecordBatch({len(self.spans)} records, txid {self.first_txid}..{self.last_txid})"
+
+    @property
+    def first_txid(self) -> int:
+        return self.spans[0][0]
+
+    @property
+    def last_txid(self) -> int:
+        return self.spans[-1][0]
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(length for _, _, length in self.spans)
+
+    @classmethod
+    def from_records(cls, records: list[Record]) -> RecordBatch:
+        buf = b"".join(rec.encode() for rec in records)
+        spans = []
+        pos = 0
+        for rec in records:
+            spans.append((rec.transaction_id, pos, len(rec.data)))
+            pos += WIRE_RECORD_HEAD.size + len(rec.data) + CRC.size
+        return cls(buf, spans)
+
+    @classmethod
+    def read(
+        cls, r: Reader, count: int, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
+    ) -> RecordBatch:
+        """Validate ``count`` records at the reader's cursor and keep their bytes."""
+        view = r.rest()
+        buf = bytes(view)
+        end = len(buf)
+        spans: list[tuple[int, int, int]] = []
+        head = WIRE_RECORD_HEAD
+        pos = 0
+        for i in range(count):
+            if end - pos < head.size:
+                raise MalformedMessage(f"record {i} of {count}: truncated head at offset {pos}")
+            txid, _, _, _, _, _, length = head.unpack_from(buf, pos)
+            if length < 0 or length > max_data_bytes:
+                raise MalformedMessage(
+                    f"record {i} (transaction {txid}): data length {length} "
+                    f"is outside 0..{max_data_bytes}"
+                )
+            data_end = pos + head.size + length
+            if end - data_end < CRC.size:
+                raise MalformedMessage(
+                    f"record {i} (transaction {txid}): data length {length} runs past the frame"
+                )
+            (sent,) = CRC.unpack_from(buf, data_end)
+            actual = zlib.crc32(memoryview(buf)[pos + head.size : data_end])
+            if actual != sent:
+                raise ChecksumMismatch(
+                    f"transaction {txid}: data CRC-32 {actual:#010x} != sent {sent:#010x}"
+                )
+            spans.append((txid, pos, length))
+            pos = data_end + CRC.size
+        if pos != end:
+            raise MalformedMessage(f"record list: {end - pos} trailing bytes after {count} records")
+        return cls(buf, spans)
+
+    def records(self) -> Iterator[Record]:
+        buf = self.buf
+        for txid, pos, length in self.spans:
+            _, c, g, p, s, header, _ = WIRE_RECORD_HEAD.unpack_from(buf, pos)
+            start = pos + WIRE_RECORD_HEAD.size
+            yield Record(txid, ReqId(c, g, p, s), header, buf[start : start + length])
+
+    def headers(self) -> Iterator[RecordHeader]:
+        for rec in self.records():
+            yield RecordHeader(rec.transaction_id, rec.req_id, rec.header)

@@ -1,0 +1,250 @@
+"""An asyncio client for one storage node: handshake, pipelined requests, responses by seq.
+
+Used by the server's replica sessions, by the admin tools and by the storage
+benchmark. Requests may be pipelined: ``submit`` writes at once and returns
+a future; responses are matched to requests by sequence number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+
+from .errors import HandshakeError, ProtocolError
+from .framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    HANDSHAKE_BYTES,
+    FrameDecoder,
+    HandshakeStatus,
+    Hello,
+    HelloReply,
+    Service,
+)
+from .records import Record, RecordBatch, RecordHeader
+from .storage_messages import (
+    DEFAULT_LIMITS,
+    STORAGE_PROTOCOL_VERSIONS,
+    AppendRequest,
+    FailureResponse,
+    LastSessionInfoRequest,
+    LastSessionInfoResponse,
+    Limits,
+    MaxTransactionIdRequest,
+    MaxTransactionIdResponse,
+    OpenRequest,
+    RecordHeaderListRequest,
+    RecordHeaderListResponse,
+    RecordHeaderRequest,
+    RecordHeaderResponse,
+    RecordListRequest,
+    RecordListResponse,
+    RecordRequest,
+    RecordResponse,
+    SetLowWaterMarkRequest,
+    StorageError,
+    StorageMessage,
+    TruncateRequest,
+    decode_response,
+)
+
+log = logging.getLogger(__name__)
+
+
+class StorageFailure(Exception):
+    """The storage node answered a request with a Failure response."""
+
+    def __init__(self, error: StorageError, message: str) -> None:
+        super().__init__(f"{error.name}: {message}")
+        self.error = error
+        self.message = message
+
+
+class StorageConnectionClosed(ConnectionError):
+    """The connection closed before a response arrived."""
+
+
+class StorageClient:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        version: int,
+        max_frame_bytes: int,
+        limits: Limits,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.version = version
+        self._limits = limits
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._pending: dict[int, asyncio.Future[StorageMessage]] = {}
+        self._seqs = itertools.count(1)
+        self._closed: BaseException | None = None
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        timeout: float = 10.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> StorageClient:
+        async def dial() -> StorageClient:
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                hello = Hello(
+                    Service.STORAGE,
+                    STORAGE_PROTOCOL_VERSIONS.start,
+                    STORAGE_PROTOCOL_VERSIONS.stop - 1,
+                )
+                writer.write(hello.encode())
+                reply = HelloReply.decode(await reader.readexactly(HANDSHAKE_BYTES))
+            except BaseException:
+                writer.close()
+                raise
+            if reply.status != HandshakeStatus.OK:
+                writer.close()
+                raise HandshakeError(
+                    f"storage {host}:{port} refused the handshake: {reply.status.name}"
+                )
+            return cls(reader, writer, reply.version, max_frame_bytes, limits)
+
+        return await asyncio.wait_for(dial(), timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def next_seq(self) -> int:
+        return next(self._seqs)
+
+    async def _read_loop(self) -> None:
+        error: BaseException = StorageConnectionClosed("storage connection closed")
+        try:
+            while True:
+                data = await self._reader.read(256 * 1024)
+                if not data:
+                    break
+                for message_type, body in self._decoder.feed(data):
+                    message = decode_response(message_type, body, self._limits)
+                    future = self._pending.pop(message.seq, None)
+                    if future is None:
+                        raise ProtocolError(f"response for unknown sequence number {message.seq}")
+                    if not future.done():
+                        future.set_result(message)
+        except (ProtocolError, OSError) as e:
+            error = e
+            log.warning("storage connection failed: %s", e)
+        finally:
+            self._fail_all(error)
+            self._writer.close()
+
+    def _fail_all(self, error: BaseException) -> None:
+        self._closed = error
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(StorageConnectionClosed(str(error)))
+
+    def submit(self, request: StorageMessage) -> asyncio.Future[StorageMessage]:
+        """Send ``request`` now; the future resolves with its response (Failure included)."""
+        if self._closed is not None:
+            raise StorageConnectionClosed(f"storage connection is closed: {self._closed}")
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request.seq] = future
+        self._writer.write(request.encode())
+        return future
+
+    async def call(self, request: StorageMessage) -> StorageMessage:
+        """Send and await the response; a Failure response raises StorageFailure."""
+        future = self.submit(request)
+        await self._writer.drain()
+        response = await future
+        if isinstance(response, FailureResponse):
+            raise StorageFailure(response.error, response.message)
+        return response
+
+    async def close(self) -> None:
+        self._writer.close()
+        self._reader_task.cancel()
+        try:
+            await self._reader_task
+        except (asyncio.CancelledError, Exception):
+            pass
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass
+
+    async def __aenter__(self) -> StorageClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- one method per request type ----------------------------------------------------
+
+    async def open(self, cluster_key: uuid.UUID, num_partitions: int) -> None:
+        await self.call(OpenRequest(-1, self.next_seq(), -1, cluster_key, num_partitions))
+
+    async def last_session_info(
+        self, session_id: int, partition_id: int
+    ) -> LastSessionInfoResponse:
+        r = await self.call(LastSessionInfoRequest(session_id, self.next_seq(), partition_id))
+        assert isinstance(r, LastSessionInfoResponse)
+        return r
+
+    async def max_transaction_id(self, session_id: int, partition_id: int) -> int:
+        r = await self.call(MaxTransactionIdRequest(session_id, self.next_seq(), partition_id))
+        assert isinstance(r, MaxTransactionIdResponse)
+        return r.transaction_id
+
+    async def truncate(self, session_id: int, partition_id: int, transaction_id: int) -> None:
+        await self.call(TruncateRequest(session_id, self.next_seq(), partition_id, transaction_id))
+
+    async def set_low_water_mark(self, session_id: int, partition_id: int, mark: int) -> None:
+        await self.call(SetLowWaterMarkRequest(session_id, self.next_seq(), partition_id, mark))
+
+    def append_request(
+        self, session_id: int, partition_id: int, records: RecordBatch | list[Record]
+    ) -> AppendRequest:
+        batch = records if isinstance(records, RecordBatch) else RecordBatch.from_records(records)
+        return AppendRequest(session_id, self.next_seq(), partition_id, batch)
+
+    async def append(
+        self, session_id: int, partition_id: int, records: RecordBatch | list[Record]
+    ) -> None:
+        await self.call(self.append_request(session_id, partition_id, records))
+
+    async def record_header(self, session_id: int, partition_id: int, txid: int) -> RecordHeader:
+        r = await self.call(RecordHeaderRequest(session_id, self.next_seq(), partition_id, txid))
+        assert isinstance(r, RecordHeaderResponse) and r.record_header is not None
+        return r.record_header
+
+    async def record(self, session_id: int, partition_id: int, txid: int) -> Record:
+        r = await self.call(RecordRequest(session_id, self.next_seq(), partition_id, txid))
+        assert isinstance(r, RecordResponse) and r.record is not None
+        return r.record
+
+    async def record_headers(
+        self, session_id: int, partition_id: int, txid: int, max_records: int
+    ) -> list[RecordHeader]:
+        r = await self.call(
+            RecordHeaderListRequest(session_id, self.next_seq(), partition_id, txid, max_records)
+        )
+        assert isinstance(r, RecordHeaderListResponse)
+        return list(r.headers)
+
+    async def records(
+        self, session_id: int, partition_id: int, txid: int, max_records: int
+    ) -> RecordBatch:
+        r = await self.call(
+            RecordListRequest(session_id, self.next_seq(), partition_id, txid, max_records)
+        )
+        assert isinstance(r, RecordListResponse)
+        return r.records

@@ -1,0 +1,407 @@
+"""Server <-> storage messages (the spec's "Waltz Storage" request/response pairs).
+
+Every message starts with the same three fields::
+
+    i64 session id | i64 sequence number | i32 partition id
+
+Requests go server -> storage and responses come back with the request's
+sequence number. Type codes follow the original implementation.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import ClassVar
+
+from .buffers import Reader, pack_string
+from .errors import MalformedMessage, UnknownMessageType
+from .framing import encode_frame
+from .records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, RecordHeader
+
+STORAGE_PROTOCOL_VERSIONS = range(1, 2)  # versions this build speaks
+
+MESSAGE_HEADER = struct.Struct(">qqi")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_U16 = struct.Struct(">H")
+
+MAX_ERROR_MESSAGE_BYTES = 4096
+DEFAULT_MAX_LIST_RECORDS = 100_000
+
+
+class StorageMessageType(IntEnum):
+    OPEN_REQUEST = 1
+    LAST_SESSION_INFO_REQUEST = 2
+    LAST_SESSION_INFO_RESPONSE = 3
+    SET_LOW_WATER_MARK_REQUEST = 4
+    TRUNCATE_REQUEST = 5
+    APPEND_REQUEST = 6
+    SUCCESS_RESPONSE = 7
+    FAILURE_RESPONSE = 8
+    RECORD_HEADER_REQUEST = 9
+    RECORD_HEADER_RESPONSE = 10
+    RECORD_REQUEST = 11
+    RECORD_RESPONSE = 12
+    MAX_TRANSACTION_ID_REQUEST = 13
+    MAX_TRANSACTION_ID_RESPONSE = 14
+    RECORD_HEADER_LIST_REQUEST = 15
+    RECORD_HEADER_LIST_RESPONSE = 16
+    RECORD_LIST_REQUEST = 17
+    RECORD_LIST_RESPONSE = 18
+
+
+class StorageError(IntEnum):
+    """Error types carried by a Failure response."""
+
+    INTERNAL = 1
+    MALFORMED_REQUEST = 2
+    NOT_OPEN = 3  # a partition request before a successful Open
+    CLUSTER_KEY_MISMATCH = 4
+    PARTITION_COUNT_MISMATCH = 5
+    PARTITION_NOT_FOUND = 6  # this node does not hold the partition
+    PARTITION_UNAVAILABLE = 7  # held, but failed to open or failed an fsync
+    SESSION_FENCED = 8  # the request's session is older than the partition's
+    NON_CONTIGUOUS = 9  # an append that is not the next transaction ID
+    TRANSACTION_NOT_FOUND = 10
+    TRUNCATE_REFUSED = 11
+    IO_ERROR = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds a decoder enforces besides the frame size."""
+
+    max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
+    max_list_records: int = DEFAULT_MAX_LIST_RECORDS
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class StorageMessage:
+    TYPE: ClassVar[StorageMessageType]
+
+    session_id: int
+    seq: int
+    partition_id: int
+
+    def _body(self) -> bytes:
+        return b""
+
+    def encode(self) -> bytes:
+        head = MESSAGE_HEADER.pack(self.session_id, self.seq, self.partition_id)
+        return encode_frame(self.TYPE, head + self._body())
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> StorageMessage:
+        return cls(*head)
+
+
+# --- requests -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequest(StorageMessage):
+    TYPE = StorageMessageType.OPEN_REQUEST
+    cluster_key: uuid.UUID = field(default_factory=uuid.uuid4)
+    num_partitions: int = 0
+
+    def _body(self) -> bytes:
+        return self.cluster_key.bytes + _I32.pack(self.num_partitions)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, r.uuid("Open.cluster_key"), r.i32("Open.num_partitions"))
+
+
+@dataclass(frozen=True, slots=True)
+class LastSessionInfoRequest(StorageMessage):
+    TYPE = StorageMessageType.LAST_SESSION_INFO_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class MaxTransactionIdRequest(StorageMessage):
+    TYPE = StorageMessageType.MAX_TRANSACTION_ID_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateRequest(StorageMessage):
+    """Remove every transaction after ``transaction_id``."""
+
+    TYPE = StorageMessageType.TRUNCATE_REQUEST
+    transaction_id: int = -1
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, r.i64("Truncate.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class SetLowWaterMarkRequest(StorageMessage):
+    TYPE = StorageMessageType.SET_LOW_WATER_MARK_REQUEST
+    low_water_mark: int = -1
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.low_water_mark)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, r.i64("SetLowWaterMark.low_water_mark"))
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest(StorageMessage):
+    TYPE = StorageMessageType.APPEND_REQUEST
+    records: RecordBatch = field(default_factory=lambda: RecordBatch(b"", []))
+
+    def _body(self) -> bytes:
+        return _I32.pack(len(self.records)) + self.records.buf
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        n = r.count("Append.record count", limits.max_list_records)
+        return cls(*head, RecordBatch.read(r, n, limits.max_data_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeaderRequest(StorageMessage):
+    TYPE = StorageMessageType.RECORD_HEADER_REQUEST
+    transaction_id: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, r.i64("RecordHeaderRequest.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRequest(StorageMessage):
+    TYPE = StorageMessageType.RECORD_REQUEST
+    transaction_id: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, r.i64("RecordRequest.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeaderListRequest(StorageMessage):
+    TYPE = StorageMessageType.RECORD_HEADER_LIST_REQUEST
+    transaction_id: int = 0
+    max_records: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id) + _I32.pack(self.max_records)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        txid = r.i64("RecordHeaderListRequest.transaction_id")
+        return cls(*head, txid, r.count("RecordHeaderListRequest.max_records", 2**31 - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordListRequest(StorageMessage):
+    TYPE = StorageMessageType.RECORD_LIST_REQUEST
+    transaction_id: int = 0
+    max_records: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id) + _I32.pack(self.max_records)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        txid = r.i64("RecordListRequest.transaction_id")
+        return cls(*head, txid, r.count("RecordListRequest.max_records", 2**31 - 1))
+
+
+# --- responses ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SuccessResponse(StorageMessage):
+    TYPE = StorageMessageType.SUCCESS_RESPONSE
+
+
+@dataclass(frozen=True, slots=True)
+class FailureResponse(StorageMessage):
+    TYPE = StorageMessageType.FAILURE_RESPONSE
+    error: StorageError = StorageError.INTERNAL
+    message: str = ""
+
+    def _body(self) -> bytes:
+        return _U16.pack(self.error) + pack_string(self.message, MAX_ERROR_MESSAGE_BYTES)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        code = r.u16("Failure.error")
+        try:
+            error = StorageError(code)
+        except ValueError:
+            raise MalformedMessage(f"Failure.error: unknown error type {code}") from None
+        return cls(*head, error, r.string("Failure.message", MAX_ERROR_MESSAGE_BYTES))
+
+
+@dataclass(frozen=True, slots=True)
+class LastSessionInfoResponse(StorageMessage):
+    """The session that last set the low-water mark, and the marks it set."""
+
+    TYPE = StorageMessageType.LAST_SESSION_INFO_RESPONSE
+    last_session_id: int = -1
+    low_water_mark: int = -1
+    local_low_water_mark: int = -1
+
+    def _body(self) -> bytes:
+        return (
+            _I64.pack(self.last_session_id)
+            + _I64.pack(self.low_water_mark)
+            + _I64.pack(self.local_low_water_mark)
+        )
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(
+            *head,
+            r.i64("LastSessionInfo.last_session_id"),
+            r.i64("LastSessionInfo.low_water_mark"),
+            r.i64("LastSessionInfo.local_low_water_mark"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MaxTransactionIdResponse(StorageMessage):
+    TYPE = StorageMessageType.MAX_TRANSACTION_ID_RESPONSE
+    transaction_id: int = -1
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, r.i64("MaxTransactionId.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeaderResponse(StorageMessage):
+    TYPE = StorageMessageType.RECORD_HEADER_RESPONSE
+    record_header: RecordHeader | None = None
+
+    def _body(self) -> bytes:
+        assert self.record_header is not None
+        return self.record_header.encode()
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, RecordHeader.read(r))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordResponse(StorageMessage):
+    TYPE = StorageMessageType.RECORD_RESPONSE
+    record: Record | None = None
+
+    def _body(self) -> bytes:
+        assert self.record is not None
+        return self.record.encode()
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, Record.read(r, limits.max_data_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeaderListResponse(StorageMessage):
+    TYPE = StorageMessageType.RECORD_HEADER_LIST_RESPONSE
+    headers: tuple[RecordHeader, ...] = ()
+
+    def _body(self) -> bytes:
+        return _I32.pack(len(self.headers)) + b"".join(h.encode() for h in self.headers)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        n = r.count("RecordHeaderList.count", limits.max_list_records)
+        return cls(*head, tuple(RecordHeader.read(r) for _ in range(n)))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordListResponse(StorageMessage):
+    TYPE = StorageMessageType.RECORD_LIST_RESPONSE
+    records: RecordBatch = field(default_factory=lambda: RecordBatch(b"", []))
+
+    def _body(self) -> bytes:
+        return _I32.pack(len(self.records)) + self.records.buf
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        n = r.count("RecordList.count", limits.max_list_records)
+        return cls(*head, RecordBatch.read(r, n, limits.max_data_bytes))
+
+
+STORAGE_REQUESTS: dict[int, type[StorageMessage]] = {
+    cls.TYPE: cls
+    for cls in (
+        OpenRequest,
+        LastSessionInfoRequest,
+        MaxTransactionIdRequest,
+        TruncateRequest,
+        SetLowWaterMarkRequest,
+        AppendRequest,
+        RecordHeaderRequest,
+        RecordRequest,
+        RecordHeaderListRequest,
+        RecordListRequest,
+    )
+}
+STORAGE_RESPONSES: dict[int, type[StorageMessage]] = {
+    cls.TYPE: cls
+    for cls in (
+        SuccessResponse,
+        FailureResponse,
+        LastSessionInfoResponse,
+        MaxTransactionIdResponse,
+        RecordHeaderResponse,
+        RecordResponse,
+        RecordHeaderListResponse,
+        RecordListResponse,
+    )
+}
+
+
+def _decode(
+    table: dict[int, type[StorageMessage]],
+    direction: str,
+    message_type: int,
+    body: bytes,
+    limits: Limits,
+) -> StorageMessage:
+    cls = table.get(message_type)
+    if cls is None:
+        raise UnknownMessageType(f"message type {message_type} is not a storage {direction}")
+    r = Reader(body)
+    head = (r.i64("session id"), r.i64("sequence number"), r.i32("partition id"))
+    message = cls._read_body(r, head, limits)
+    r.expect_end(cls.__name__)
+    return message
+
+
+def decode_request(
+    message_type: int, body: bytes, limits: Limits = DEFAULT_LIMITS
+) -> StorageMessage:
+    return _decode(STORAGE_REQUESTS, "request", message_type, body, limits)
+
+
+def decode_response(
+    message_type: int, body: bytes, limits: Limits = DEFAULT_LIMITS
+) -> StorageMessage:
+    return _decode(STORAGE_RESPONSES, "response", message_type, body, limits)
