@@ -8,6 +8,7 @@ a future; responses are matched to requests by sequence number.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import uuid
@@ -172,14 +173,10 @@ class StorageClient:
     async def close(self) -> None:
         self._writer.close()
         self._reader_task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._reader_task
-        except (asyncio.CancelledError, Exception):
-            pass
-        try:
+        with contextlib.suppress(OSError):
             await self._writer.wait_closed()
-        except OSError:
-            pass
 
     async def __aenter__(self) -> StorageClient:
         return self
