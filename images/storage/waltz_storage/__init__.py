@@ -1,0 +1,1 @@
+"""Waltz storage node: the durable, checksummed on-disk log and its protocol server."""

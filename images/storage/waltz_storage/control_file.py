@@ -1,0 +1,234 @@
+"""The control file ``waltz-storage.ctl``: cluster identity and per-partition session state.
+
+Layout (big-endian; docs/on-disk.md has the table)::
+
+    header, 128 bytes:  i32 format version | i64 creation time (ms) | 16-byte cluster key
+                        | i32 number of partitions | u32 CRC-32 of the previous 32 bytes
+                        | 92 reserved zero bytes
+    per partition p, at 128 + 100 * p:
+                        i32 partition id | PartitionInfo slot 0 | PartitionInfo slot 1
+    PartitionInfo, 48 bytes:
+                        u64 sequence | i64 fence session id | i64 session id
+                        | i64 low-water mark | i64 local low-water mark | u32 flags
+                        | u32 CRC-32 of the previous 44 bytes
+
+An update writes the slot that does not hold the newest valid struct, with
+the sequence number one higher, and fsyncs. A torn write can damage only
+that slot; the reader then falls back to the other (the previous state).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, replace
+
+from .errors import ControlFileError
+
+CONTROL_FILE_NAME = "waltz-storage.ctl"
+FORMAT_VERSION = 1
+
+HEADER_BYTES = 128
+_HEADER = struct.Struct(">iq16si")
+_CRC = struct.Struct(">I")
+_INFO = struct.Struct(">QqqqqI")
+INFO_BYTES = _INFO.size + _CRC.size  # 48
+_PARTITION_ID = struct.Struct(">i")
+ENTRY_BYTES = _PARTITION_ID.size + 2 * INFO_BYTES  # 100
+
+NO_SESSION = -1
+NO_TRANSACTION = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """Durable session state of one partition on this node.
+
+    ``fence_session_id`` is the highest session ID ever seen: requests of
+    older sessions are refused. ``session_id`` is the session that last set
+    the low-water marks (what Last Session Info reports).
+    """
+
+    sequence: int = 0
+    fence_session_id: int = NO_SESSION
+    session_id: int = NO_SESSION
+    low_water_mark: int = NO_TRANSACTION
+    local_low_water_mark: int = NO_TRANSACTION
+    flags: int = 0
+
+    def encode(self) -> bytes:
+        body = _INFO.pack(
+            self.sequence,
+            self.fence_session_id,
+            self.session_id,
+            self.low_water_mark,
+            self.local_low_water_mark,
+            self.flags,
+        )
+        return body + _CRC.pack(zlib.crc32(body))
+
+    @classmethod
+    def decode(cls, data: bytes) -> PartitionInfo | None:
+        """The struct, or None when its checksum does not match (a torn or corrupt slot)."""
+        body = data[: _INFO.size]
+        (crc,) = _CRC.unpack_from(data, _INFO.size)
+        if zlib.crc32(body) != crc:
+            return None
+        return cls(*_INFO.unpack(body))
+
+
+def entry_offset(partition_id: int) -> int:
+    return HEADER_BYTES + ENTRY_BYTES * partition_id
+
+
+def slot_offset(partition_id: int, slot: int) -> int:
+    return entry_offset(partition_id) + _PARTITION_ID.size + INFO_BYTES * slot
+
+
+def fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ControlFile:
+    """An open control file. Partition updates from different threads are safe (pwrite)."""
+
+    def __init__(
+        self,
+        path: str,
+        fd: int,
+        version: int,
+        created_ms: int,
+        cluster_key: uuid.UUID,
+        num_partitions: int,
+    ) -> None:
+        self.path = path
+        self._fd = fd
+        self.version = version
+        self.created_ms = created_ms
+        self.cluster_key = cluster_key
+        self.num_partitions = num_partitions
+
+    @staticmethod
+    def encode_header(cluster_key: uuid.UUID, num_partitions: int, created_ms: int) -> bytes:
+        head = _HEADER.pack(FORMAT_VERSION, created_ms, cluster_key.bytes, num_partitions)
+        head += _CRC.pack(zlib.crc32(head))
+        return head.ljust(HEADER_BYTES, b"\x00")
+
+    @classmethod
+    def create(cls, directory: str, cluster_key: uuid.UUID, num_partitions: int) -> ControlFile:
+        """Write a new control file atomically (temp file, fsync, rename, fsync directory)."""
+        if num_partitions < 1:
+            raise ControlFileError(f"number of partitions must be at least 1, got {num_partitions}")
+        path = os.path.join(directory, CONTROL_FILE_NAME)
+        created_ms = int(time.time() * 1000)
+        parts = [cls.encode_header(cluster_key, num_partitions, created_ms)]
+        initial = PartitionInfo()
+        for p in range(num_partitions):
+            # Slot 0 sequence 0, slot 1 sequence 1: both valid, slot 1 newest.
+            parts.append(_PARTITION_ID.pack(p))
+            parts.append(initial.encode())
+            parts.append(replace(initial, sequence=1).encode())
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, b"".join(parts))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        fsync_directory(directory)
+        return cls.open(directory)
+
+    @classmethod
+    def open(cls, directory: str) -> ControlFile:
+        path = os.path.join(directory, CONTROL_FILE_NAME)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise ControlFileError(f"{path}: no control file") from None
+        try:
+            head = os.pread(fd, HEADER_BYTES, 0)
+            if len(head) < HEADER_BYTES:
+                raise ControlFileError(f"{path}: header is {len(head)} bytes, expected 128")
+            version, created_ms, key, num_partitions = _HEADER.unpack_from(head)
+            (crc,) = _CRC.unpack_from(head, _HEADER.size)
+            if zlib.crc32(head[: _HEADER.size]) != crc:
+                raise ControlFileError(f"{path}: header checksum mismatch (corrupt control file)")
+            if version != FORMAT_VERSION:
+                raise ControlFileError(
+                    f"{path}: format version {version} is not supported (this build reads "
+                    f"{FORMAT_VERSION})"
+                )
+            if num_partitions < 1:
+                raise ControlFileError(f"{path}: invalid number of partitions {num_partitions}")
+            size = os.fstat(fd).st_size
+            expected = entry_offset(num_partitions)
+            if size < expected:
+                raise ControlFileError(
+                    f"{path}: {size} bytes, expected {expected} for {num_partitions} partitions"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, version, created_ms, uuid.UUID(bytes=key), num_partitions)
+
+    def _check_partition(self, partition_id: int) -> None:
+        if not 0 <= partition_id < self.num_partitions:
+            raise ControlFileError(
+                f"partition {partition_id} is outside 0..{self.num_partitions - 1}"
+            )
+
+    def read_slots(self, partition_id: int) -> tuple[PartitionInfo | None, PartitionInfo | None]:
+        """Both slots of a partition; a slot with a bad checksum reads as None."""
+        self._check_partition(partition_id)
+        entry = os.pread(self._fd, ENTRY_BYTES, entry_offset(partition_id))
+        (stored_id,) = _PARTITION_ID.unpack_from(entry)
+        if stored_id != partition_id:
+            raise ControlFileError(
+                f"{self.path}: entry {partition_id} is labelled partition {stored_id} (corrupt)"
+            )
+        start = _PARTITION_ID.size
+        return (
+            PartitionInfo.decode(entry[start : start + INFO_BYTES]),
+            PartitionInfo.decode(entry[start + INFO_BYTES : start + 2 * INFO_BYTES]),
+        )
+
+    def read_partition(self, partition_id: int) -> PartitionInfo:
+        """The newest valid struct. Both damaged is an error naming the partition."""
+        a, b = self.read_slots(partition_id)
+        if a is None and b is None:
+            raise ControlFileError(
+                f"{self.path}: both partition-info structs of partition {partition_id} fail "
+                f"their checksums; refusing to open partition {partition_id}"
+            )
+        if a is None:
+            return b  # type: ignore[return-value]
+        if b is None:
+            return a
+        return a if a.sequence > b.sequence else b
+
+    def write_partition(self, partition_id: int, info: PartitionInfo) -> PartitionInfo:
+        """Persist ``info`` into the slot not holding the newest struct; fsync; return it."""
+        a, b = self.read_slots(partition_id)
+        if a is None and b is None:
+            newest_slot, sequence = 1, 0
+        elif b is None or (a is not None and a.sequence > b.sequence):
+            newest_slot, sequence = 0, a.sequence  # type: ignore[union-attr]
+        else:
+            newest_slot, sequence = 1, b.sequence
+        stored = replace(info, sequence=sequence + 1)
+        os.pwrite(self._fd, stored.encode(), slot_offset(partition_id, 1 - newest_slot))
+        os.fsync(self._fd)
+        return stored
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

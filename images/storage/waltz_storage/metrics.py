@@ -1,0 +1,98 @@
+"""Prometheus metrics of a storage node, in a registry of its own (one per node object)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .service import PartitionService
+
+FSYNC_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+
+
+class StorageMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.appended_records = Counter(
+            "waltz_storage_appended_records",
+            "Records appended and fsync'd",
+            ["partition"],
+            registry=r,
+        )
+        self.appended_bytes = Counter(
+            "waltz_storage_appended_bytes",
+            "Transaction data bytes appended and fsync'd",
+            ["partition"],
+            registry=r,
+        )
+        self.fsyncs = Counter(
+            "waltz_storage_fsyncs", "Group-commit fsyncs of segment data", ["partition"], registry=r
+        )
+        self.fsync_seconds = Histogram(
+            "waltz_storage_fsync_seconds",
+            "Latency of one group-commit fsync",
+            ["partition"],
+            buckets=FSYNC_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "waltz_storage_requests", "Requests handled, by type", ["type"], registry=r
+        )
+        self.errors = Counter(
+            "waltz_storage_errors",
+            "Failure responses and closed connections, by error type",
+            ["error"],
+            registry=r,
+        )
+        self.connections = Counter("waltz_storage_connections", "Connections accepted", registry=r)
+
+    def watch_partitions(self, source: Callable[[], Iterable[PartitionService]]) -> None:
+        self.registry.register(_PartitionCollector(source))
+
+
+class _PartitionCollector(Collector):
+    """Per-partition state, read at scrape time."""
+
+    def __init__(self, source: Callable[[], Iterable[PartitionService]]) -> None:
+        self._source = source
+
+    def collect(self):
+        families = {
+            "max_transaction_id": "Highest transaction ID stored (-1 when empty)",
+            "low_water_mark": "Low-water mark set by the last store session",
+            "local_low_water_mark": "Local low-water mark set by the last store session",
+            "session_id": "Highest store session ID seen (requests of older ones are refused)",
+            "available": "1 when the partition serves requests, 0 when it failed to open or sync",
+            "size_bytes": "Bytes of segment files",
+        }
+        metrics = {
+            name: GaugeMetricFamily(f"waltz_storage_partition_{name}", doc, labels=["partition"])
+            for name, doc in families.items()
+        }
+        for svc in self._source():
+            label = [str(svc.partition_id)]
+            state = svc.snapshot()
+            for name, metric in metrics.items():
+                metric.add_metric(label, state[name])
+        yield from metrics.values()

@@ -1,0 +1,426 @@
+"""Request handling of a storage node: the decisions, without sockets.
+
+``StorageNode`` owns the control file and the partitions this node holds.
+``PartitionService.process`` takes the requests queued for one partition, in
+arrival order, and returns their responses: session fencing first, then the
+request itself; consecutive appends share one fsync (group commit), and no
+Success is produced for an append before that fsync returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+from waltz_client.wire.storage_messages import (
+    AppendRequest,
+    FailureResponse,
+    LastSessionInfoRequest,
+    LastSessionInfoResponse,
+    MaxTransactionIdRequest,
+    MaxTransactionIdResponse,
+    OpenRequest,
+    RecordHeaderListRequest,
+    RecordHeaderListResponse,
+    RecordHeaderRequest,
+    RecordHeaderResponse,
+    RecordListRequest,
+    RecordListResponse,
+    RecordRequest,
+    RecordResponse,
+    SetLowWaterMarkRequest,
+    StorageError,
+    StorageMessage,
+    SuccessResponse,
+    TruncateRequest,
+)
+
+from .control_file import ControlFile, PartitionInfo
+from .errors import (
+    ControlFileError,
+    CorruptSegment,
+    NonContiguousAppend,
+    StorageEngineError,
+    TransactionNotFound,
+    TruncateRefused,
+)
+from .metrics import StorageMetrics
+from .partition import DEFAULT_SEGMENT_BYTES, PartitionLog
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    # Bytes a crash can leave unsynced at the end of a log: one write group.
+    max_torn_bytes: int = 256 * 1024 * 1024
+
+
+def short_key(key: uuid.UUID) -> str:
+    return str(key)[:8]
+
+
+class PartitionService:
+    """One partition's log, session state and request handling. Callers serialise calls."""
+
+    def __init__(
+        self,
+        partition_id: int,
+        control: ControlFile,
+        settings: EngineSettings,
+        metrics: StorageMetrics,
+        log_: PartitionLog | None = None,
+        info: PartitionInfo | None = None,
+        unavailable: str | None = None,
+    ) -> None:
+        self.partition_id = partition_id
+        self._control = control
+        self._settings = settings
+        self._metrics = metrics
+        self.log = log_
+        self.info = info or PartitionInfo()
+        self.unavailable = unavailable  # why the partition serves nothing, or None
+        self._label = str(partition_id)
+        self._lock = threading.Lock()  # guards snapshot() against a concurrent process()
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            log_ = self.log
+            return {
+                "max_transaction_id": log_.max_txid if log_ else -1,
+                "low_water_mark": self.info.low_water_mark,
+                "local_low_water_mark": self.info.local_low_water_mark,
+                "session_id": self.info.fence_session_id,
+                "available": 0 if self.unavailable or log_ is None else 1,
+                "size_bytes": log_.size_bytes if log_ else 0,
+            }
+
+    # --- the decisions ------------------------------------------------------------------
+
+    def process(self, requests: list[StorageMessage]) -> list[StorageMessage]:
+        """Handle ``requests`` in order; return one response per request, in the same order."""
+        with self._lock:
+            responses: list[StorageMessage | None] = []
+            unsynced: list[int] = []  # indexes of appends written but not yet fsync'd
+            for request in requests:
+                if unsynced and not isinstance(request, AppendRequest):
+                    self._group_commit(requests, responses, unsynced)
+                response = self._handle(request)
+                if response is None:
+                    unsynced.append(len(responses))
+                responses.append(response)
+            if unsynced:
+                self._group_commit(requests, responses, unsynced)
+            return responses  # type: ignore[return-value]
+
+    def _group_commit(
+        self,
+        requests: list[StorageMessage],
+        responses: list[StorageMessage | None],
+        unsynced: list[int],
+    ) -> None:
+        """One fsync for every append written since the last; then they may succeed."""
+        assert self.log is not None
+        started = time.perf_counter()
+        try:
+            self.log.sync()
+        except OSError as e:
+            # After a failed fsync the page cache cannot be trusted (it may drop the dirty
+            # pages and report success next time): stop serving until a restart recovers.
+            self.unavailable = f"fsync failed: {e}; restart the node to recover"
+            log.error("partition %d: %s", self.partition_id, self.unavailable)
+            for i in unsynced:
+                responses[i] = self._failure(requests[i], StorageError.IO_ERROR, self.unavailable)
+            unsynced.clear()
+            return
+        m = self._metrics
+        m.fsyncs.labels(self._label).inc()
+        m.fsync_seconds.labels(self._label).observe(time.perf_counter() - started)
+        records = data_bytes = 0
+        for i in unsynced:
+            request = requests[i]
+            assert isinstance(request, AppendRequest)
+            records += len(request.records)
+            data_bytes += request.records.data_bytes
+            responses[i] = SuccessResponse(request.session_id, request.seq, request.partition_id)
+        m.appended_records.labels(self._label).inc(records)
+        m.appended_bytes.labels(self._label).inc(data_bytes)
+        unsynced.clear()
+
+    def _failure(
+        self, request: StorageMessage, error: StorageError, message: str
+    ) -> FailureResponse:
+        self._metrics.errors.labels(error.name).inc()
+        return FailureResponse(
+            request.session_id, request.seq, request.partition_id, error, message
+        )
+
+    def _handle(self, request: StorageMessage) -> StorageMessage | None:
+        """The response, or None for an append written and waiting for the group fsync."""
+        if self.unavailable is not None or self.log is None:
+            return self._failure(
+                request,
+                StorageError.PARTITION_UNAVAILABLE,
+                f"partition {self.partition_id} is unavailable: {self.unavailable}",
+            )
+        fenced = self._fence(request)
+        if fenced is not None:
+            return fenced
+        try:
+            return self._dispatch(request)
+        except NonContiguousAppend as e:
+            return self._failure(request, StorageError.NON_CONTIGUOUS, str(e))
+        except TransactionNotFound as e:
+            return self._failure(request, StorageError.TRANSACTION_NOT_FOUND, str(e))
+        except TruncateRefused as e:
+            return self._failure(request, StorageError.TRUNCATE_REFUSED, str(e))
+        except CorruptSegment as e:
+            log.error("partition %d: %s", self.partition_id, e)
+            return self._failure(request, StorageError.IO_ERROR, str(e))
+        except OSError as e:
+            log.error(
+                "partition %d: I/O error on %s: %s", self.partition_id, type(request).__name__, e
+            )
+            return self._failure(request, StorageError.IO_ERROR, f"I/O error: {e}")
+
+    def _fence(self, request: StorageMessage) -> FailureResponse | None:
+        """Refuse older sessions; adopt (durably, before anything else) a newer one."""
+        current = self.info.fence_session_id
+        if request.session_id < current:
+            return self._failure(
+                request,
+                StorageError.SESSION_FENCED,
+                f"partition {self.partition_id}: session {request.session_id} is older than "
+                f"the current session {current}",
+            )
+        if request.session_id > current:
+            try:
+                self.info = self._control.write_partition(
+                    self.partition_id, replace(self.info, fence_session_id=request.session_id)
+                )
+            except OSError as e:
+                return self._failure(
+                    request,
+                    StorageError.IO_ERROR,
+                    f"could not persist session {request.session_id}: {e}",
+                )
+        return None
+
+    def _dispatch(self, request: StorageMessage) -> StorageMessage | None:
+        log_ = self.log
+        assert log_ is not None
+        s, q, p = request.session_id, request.seq, request.partition_id
+        max_bytes = self._settings.max_response_bytes
+        match request:
+            case AppendRequest(records=batch):
+                log_.append(batch)
+                return None
+            case MaxTransactionIdRequest():
+                return MaxTransactionIdResponse(s, q, p, log_.max_txid)
+            case LastSessionInfoRequest():
+                info = self.info
+                return LastSessionInfoResponse(
+                    s, q, p, info.session_id, info.low_water_mark, info.local_low_water_mark
+                )
+            case SetLowWaterMarkRequest(low_water_mark=mark):
+                self.info = self._control.write_partition(
+                    self.partition_id,
+                    replace(
+                        self.info,
+                        session_id=s,
+                        low_water_mark=mark,
+                        local_low_water_mark=min(mark, log_.max_txid),
+                    ),
+                )
+                return SuccessResponse(s, q, p)
+            case TruncateRequest(transaction_id=txid):
+                floor = self.info.local_low_water_mark
+                if txid < floor:
+                    raise TruncateRefused(
+                        f"partition {self.partition_id}: truncating to {txid} would drop "
+                        f"transactions up to the local low-water mark {floor}, which are "
+                        f"committed"
+                    )
+                log_.truncate(txid)
+                return SuccessResponse(s, q, p)
+            case RecordHeaderRequest(transaction_id=txid):
+                headers = log_.read_headers(txid, 1, max_bytes) if txid <= log_.max_txid else []
+                if not headers:
+                    raise TransactionNotFound(
+                        f"partition {self.partition_id}: no transaction {txid} "
+                        f"(max is {log_.max_txid})"
+                    )
+                return RecordHeaderResponse(s, q, p, headers[0])
+            case RecordRequest(transaction_id=txid):
+                batch = log_.read(txid, 1, max_bytes)
+                if not len(batch):
+                    raise TransactionNotFound(
+                        f"partition {self.partition_id}: no transaction {txid} "
+                        f"(max is {log_.max_txid})"
+                    )
+                return RecordResponse(s, q, p, next(batch.records()))
+            case RecordHeaderListRequest(transaction_id=txid, max_records=n):
+                return RecordHeaderListResponse(
+                    s, q, p, tuple(log_.read_headers(txid, n, max_bytes))
+                )
+            case RecordListRequest(transaction_id=txid, max_records=n):
+                return RecordListResponse(s, q, p, log_.read(txid, n, max_bytes))
+        return self._failure(
+            request,
+            StorageError.MALFORMED_REQUEST,
+            f"{type(request).__name__} is not a partition request",
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self.log is not None:
+                self.log.close()
+                self.log = None
+
+
+class StorageNode:
+    """The control file and the partitions held by one storage node."""
+
+    def __init__(
+        self,
+        directory: str,
+        control: ControlFile,
+        services: dict[int, PartitionService],
+        metrics: StorageMetrics,
+    ) -> None:
+        self.directory = directory
+        self.control = control
+        self.partitions = services
+        self.metrics = metrics
+
+    @property
+    def cluster_key(self) -> uuid.UUID:
+        return self.control.cluster_key
+
+    @property
+    def num_partitions(self) -> int:
+        return self.control.num_partitions
+
+    @classmethod
+    def open(
+        cls,
+        directory: str,
+        cluster_key: uuid.UUID,
+        num_partitions: int,
+        partitions: set[int],
+        settings: EngineSettings | None = None,
+        metrics: StorageMetrics | None = None,
+    ) -> StorageNode:
+        """Open (or initialise) the storage directory and recover each held partition.
+
+        A key or partition-count mismatch with an existing control file raises
+        ControlFileError. A partition that fails to open is kept as unavailable,
+        with the reason, and the others serve.
+        """
+        settings = settings or EngineSettings()
+        metrics = metrics or StorageMetrics()
+        os.makedirs(directory, exist_ok=True)
+        try:
+            control = ControlFile.open(directory)
+        except ControlFileError as e:
+            if "no control file" not in str(e):
+                raise
+            control = ControlFile.create(directory, cluster_key, num_partitions)
+            log.info(
+                "initialised %s for cluster %s with %d partitions",
+                directory,
+                cluster_key,
+                num_partitions,
+            )
+        try:
+            if control.cluster_key != cluster_key:
+                raise ControlFileError(
+                    f"{control.path} belongs to cluster key {short_key(control.cluster_key)}..., "
+                    f"but this node is configured with {short_key(cluster_key)}..."
+                )
+            if control.num_partitions != num_partitions:
+                raise ControlFileError(
+                    f"{control.path} has {control.num_partitions} partitions, but this node is "
+                    f"configured with {num_partitions}"
+                )
+            bad = sorted(p for p in partitions if not 0 <= p < num_partitions)
+            if bad:
+                raise ControlFileError(f"partitions {bad} are outside 0..{num_partitions - 1}")
+        except BaseException:
+            control.close()
+            raise
+        services = {
+            p: cls._open_partition(directory, control, p, settings, metrics)
+            for p in sorted(partitions)
+        }
+        node = cls(directory, control, services, metrics)
+        metrics.watch_partitions(lambda: list(node.partitions.values()))
+        return node
+
+    @staticmethod
+    def _open_partition(
+        directory: str,
+        control: ControlFile,
+        partition_id: int,
+        settings: EngineSettings,
+        metrics: StorageMetrics,
+    ) -> PartitionService:
+        try:
+            info = control.read_partition(partition_id)
+            plog = PartitionLog.open(
+                os.path.join(directory, str(partition_id)),
+                partition_id,
+                control.cluster_key,
+                segment_bytes=settings.segment_bytes,
+                max_torn_bytes=settings.max_torn_bytes,
+            )
+        except (StorageEngineError, OSError) as e:
+            log.error("partition %d refuses to open: %s", partition_id, e)
+            return PartitionService(partition_id, control, settings, metrics, unavailable=str(e))
+        log.info(
+            "partition %d open: transactions %d..%d, session %d, low-water mark %d",
+            partition_id,
+            plog.first_txid,
+            plog.max_txid,
+            info.fence_session_id,
+            info.low_water_mark,
+        )
+        return PartitionService(partition_id, control, settings, metrics, plog, info)
+
+    def check_open(self, request: OpenRequest) -> StorageMessage:
+        """The answer to a connection's Open request: cluster key and partition count must match."""
+        s, q, p = request.session_id, request.seq, request.partition_id
+        if request.cluster_key != self.cluster_key:
+            self.metrics.errors.labels(StorageError.CLUSTER_KEY_MISMATCH.name).inc()
+            return FailureResponse(
+                s,
+                q,
+                p,
+                StorageError.CLUSTER_KEY_MISMATCH,
+                f"cluster key {short_key(request.cluster_key)}... does not match this storage "
+                f"node's key {short_key(self.cluster_key)}...",
+            )
+        if request.num_partitions != self.num_partitions:
+            self.metrics.errors.labels(StorageError.PARTITION_COUNT_MISMATCH.name).inc()
+            return FailureResponse(
+                s,
+                q,
+                p,
+                StorageError.PARTITION_COUNT_MISMATCH,
+                f"the cluster has {request.num_partitions} partitions by the request, "
+                f"{self.num_partitions} by this storage node's control file",
+            )
+        return SuccessResponse(s, q, p)
+
+    def close(self) -> None:
+        for svc in self.partitions.values():
+            svc.close()
+        self.control.close()
