@@ -27,6 +27,7 @@ from waltz_client.wire.framing import (
     negotiate,
 )
 from waltz_client.wire.storage_messages import (
+    DEFAULT_LIMITS,
     STORAGE_PROTOCOL_VERSIONS,
     FailureResponse,
     Limits,
