@@ -83,17 +83,14 @@ def test_req_id_layout():
 
 def test_record_header_layout():
     encoded = RecordHeader(0x0102030405060708, ReqId(9, 10, 11, 12), -2).encode()
-    assert encoded == bytes.fromhex(
-        "0102030405060708 00000009 0000000a 0000000b 0000000c fffffffe"
-    )
+    assert encoded == bytes.fromhex("0102030405060708 00000009 0000000a 0000000b 0000000c fffffffe")
     assert len(encoded) == 28
 
 
 def test_record_layout():
     record = Record(1, ReqId(2, 3, 4, 5), 6, b"abc")
     assert record.encode() == bytes.fromhex(
-        "0000000000000001 00000002 00000003 00000004 00000005 00000006 00000003"
-        "616263 352441c2"
+        "0000000000000001 00000002 00000003 00000004 00000005 00000006 00000003616263 352441c2"
     )
     assert record.checksum == 0x352441C2
 
