@@ -161,6 +161,15 @@ class StorageClient:
         self._writer.write(request.encode())
         return future
 
+    def submit_frame(self, seq: int, frame: bytes) -> asyncio.Future[StorageMessage]:
+        """Send a frame encoded by the caller (benchmarks reuse buffers); ``seq`` must be in it."""
+        if self._closed is not None:
+            raise StorageConnectionClosed(f"storage connection is closed: {self._closed}")
+        future = asyncio.get_running_loop().create_future()
+        self._pending[seq] = future
+        self._writer.write(frame)
+        return future
+
     async def call(self, request: StorageMessage) -> StorageMessage:
         """Send and await the response; a Failure response raises StorageFailure."""
         future = self.submit(request)

@@ -1,0 +1,189 @@
+"""``waltz storage ...``: offline tools (verify, dump, control) and the benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .inspect import read_control_file, read_records, segment_paths, verify_segment
+
+
+def register(groups: argparse._SubParsersAction) -> None:
+    storage = groups.add_parser("storage", help="storage node tools (offline and benchmark)")
+    cmds = storage.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = cmds.add_parser("verify", help="check segment and index files (read-only)")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a .seg file, a partition directory or a storage directory",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_verify)
+
+    p = cmds.add_parser("dump", help="print the records of a segment (read-only)")
+    p.add_argument("segment", help="a .seg file")
+    p.add_argument("--from", dest="from_txid", type=int, help="first transaction ID to print")
+    p.add_argument("--count", type=int, help="print at most this many records")
+    p.add_argument("--data", action="store_true", help="also print each record's data")
+    p.add_argument("--json", action="store_true", help="one JSON object per record")
+    p.set_defaults(func=cmd_dump)
+
+    p = cmds.add_parser("control", help="print the control file (read-only)")
+    p.add_argument("directory", help="storage directory or the waltz-storage.ctl file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_control)
+
+    p = cmds.add_parser("bench", help="append rate and latency of one storage node vs the disk")
+    p.add_argument(
+        "--dir",
+        help="where to put the node's data (default: a temporary "
+        "directory here; choose the disk you want to measure)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default="1,10,100,1000",
+        help="records per Append, comma-separated (default 1,10,100,1000)",
+    )
+    p.add_argument(
+        "--in-flight",
+        default="1,8",
+        help="Appends outstanding at once, comma-separated (default 1,8)",
+    )
+    p.add_argument("--record-bytes", type=int, default=1024, help="data bytes per record")
+    p.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    p.add_argument("--json", action="store_true", help="print results as JSON at the end")
+    p.set_defaults(func=cmd_bench)
+
+
+def _fail(message: str) -> int:
+    print(f"waltz storage: error: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    reports = []
+    for target in args.paths:
+        if not os.path.exists(target):
+            return _fail(f"{target}: no such file or directory")
+        paths = segment_paths(target)
+        if not paths:
+            return _fail(f"{target}: no segment files (*.seg) found")
+        reports += [verify_segment(path) for path in paths]
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=2))
+    else:
+        for r in reports:
+            status = "OK     " if r.ok else "CORRUPT"
+            print(
+                f"{status} {r.path}: transactions {r.first_txid}..{r.last_txid} "
+                f"({r.records} records, {r.index_entries} index entries)"
+            )
+            for problem in r.problems:
+                print(f"        {problem}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    if not os.path.isfile(args.segment):
+        return _fail(f"{args.segment}: not a file")
+    try:
+        rows = read_records(args.segment, args.from_txid, args.count)
+    except Exception as e:  # a damaged header: say so, like verify
+        return _fail(f"{args.segment}: {e}")
+    status = 0
+    for offset, rec, problem in rows:
+        if rec is None:
+            print(f"offset {offset}: {problem}", file=sys.stderr)
+            status = 1
+            continue
+        q = rec.req_id
+        if args.json:
+            row = {
+                "transaction_id": rec.transaction_id,
+                "offset": offset,
+                "req_id": [q.client_id, q.generation, q.partition_id, q.seq],
+                "header": rec.header,
+                "length": len(rec.data),
+                "crc32": rec.checksum,
+            }
+            if args.data:
+                row["data_hex"] = rec.data.hex()
+            print(json.dumps(row))
+        else:
+            line = (
+                f"txid={rec.transaction_id} offset={offset} reqid={q.client_id}/"
+                f"{q.generation}/{q.partition_id}/{q.seq} header={rec.header} "
+                f"length={len(rec.data)} crc32={rec.checksum:#010x}"
+            )
+            if args.data:
+                line += f" data={rec.data[:64]!r}" + ("..." if len(rec.data) > 64 else "")
+            print(line)
+    return status
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    try:
+        report = read_control_file(args.directory)
+    except OSError as e:
+        return _fail(f"{args.directory}: {e.strerror}")
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "path": report.path,
+                    "version": report.version,
+                    "created_ms": report.created_ms,
+                    "cluster_key": str(report.cluster_key),
+                    "num_partitions": report.num_partitions,
+                    "header_ok": report.header_ok,
+                    "partitions": report.partitions,
+                },
+                indent=2,
+            )
+        )
+    else:
+        created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report.created_ms / 1000))
+        print(
+            f"{report.path}: format {report.version}, created {created}, "
+            f"cluster key {report.cluster_key}, {report.num_partitions} partitions, "
+            f"header {'ok' if report.header_ok else 'CHECKSUM MISMATCH'}"
+        )
+        for part in report.partitions:
+            for k, slot in enumerate(part["slots"]):
+                if slot is None:
+                    print(f"  partition {part['partition']} slot {k}: CHECKSUM MISMATCH")
+                else:
+                    print(
+                        f"  partition {part['partition']} slot {k}: seq {slot['sequence']} "
+                        f"fence session {slot['fence_session_id']} session "
+                        f"{slot['session_id']} low-water mark {slot['low_water_mark']} "
+                        f"local {slot['local_low_water_mark']}"
+                    )
+    bad = not report.header_ok or any(all(s is None for s in p["slots"]) for p in report.partitions)
+    return 1 if bad else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import HEADER, machine_summary, results_json, run_bench
+
+    try:
+        batches = [int(x) for x in args.batch_sizes.split(",")]
+        inflights = [int(x) for x in args.in_flight.split(",")]
+    except ValueError:
+        return _fail("--batch-sizes and --in-flight take comma-separated integers")
+    if any(b < 1 for b in batches + inflights) or args.record_bytes < 0 or args.duration <= 0:
+        return _fail("batch sizes and in-flight counts must be >= 1, duration > 0")
+    print(
+        f"storage bench on {machine_summary()}: {args.record_bytes}-byte records, fsync on, "
+        f"{args.duration:g} s per row"
+    )
+    print(HEADER)
+    results = run_bench(args.dir, batches, args.record_bytes, args.duration, inflights)
+    if args.json:
+        print(results_json(results))
+    return 0

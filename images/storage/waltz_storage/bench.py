@@ -1,0 +1,251 @@
+"""``waltz storage bench``: one storage node's append rate and latency, beside the raw disk.
+
+Starts a real ``waltz-storage`` process on a fresh directory, then for each
+batch size appends 1 KiB records for a fixed time, first with one Append
+in flight (closed loop), then with several pipelined (as a server does), and
+measures the raw rate of the same disk: the same bytes per write, each write
+fsync'd, from this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+from waltz_client.wire.framing import FRAME_HEADER
+from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.storage_client import StorageClient
+from waltz_client.wire.storage_messages import MESSAGE_HEADER, StorageMessageType
+
+_TXID = struct.Struct(">q")
+
+
+@dataclass
+class Result:
+    batch: int
+    inflight: int
+    records_per_s: float
+    mb_per_s: float
+    p50_ms: float
+    p99_ms: float
+    raw_records_per_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.records_per_s / self.raw_records_per_s if self.raw_records_per_s else 0.0
+
+
+def start_storage_process(
+    directory: str,
+    key: uuid.UUID,
+    num_partitions: int = 1,
+    extra: list[str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[subprocess.Popen, dict]:
+    """A real storage process on free ports; returns it and its ready-file contents."""
+    ready = os.path.join(directory, "ready.json")
+    cmd = [
+        sys.executable,
+        "-m",
+        "waltz_storage.main",
+        "--directory",
+        os.path.join(directory, "data"),
+        "--cluster-key",
+        str(key),
+        "--num-partitions",
+        str(num_partitions),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--ready-file",
+        ready,
+        "--log-level",
+        "WARNING",
+        *(extra or []),
+    ]
+    proc = subprocess.Popen(cmd)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(ready):
+        if proc.poll() is not None:
+            raise RuntimeError(f"storage process exited with status {proc.returncode}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("storage process did not become ready in time")
+        time.sleep(0.02)
+    with open(ready) as f:
+        return proc, json.load(f)
+
+
+class AppendFrames:
+    """Pre-built Append frames: only the sequence number and transaction IDs change."""
+
+    def __init__(self, batch: int, record_bytes: int, partition: int, session: int) -> None:
+        data = os.urandom(record_bytes)
+        template = RecordBatch.from_records(
+            [Record(i, ReqId(1, 1, partition, i), 0, data) for i in range(batch)]
+        )
+        self._head = bytearray(FRAME_HEADER.size + MESSAGE_HEADER.size + 4)
+        body_len = MESSAGE_HEADER.size + 4 + len(template.buf)
+        FRAME_HEADER.pack_into(self._head, 0, body_len + 1, StorageMessageType.APPEND_REQUEST)
+        self._records = bytearray(template.buf)
+        self._positions = [pos for _, pos, _ in template.spans]
+        self._partition = partition
+        self._session = session
+        self._batch = batch
+        struct.pack_into(">i", self._head, FRAME_HEADER.size + MESSAGE_HEADER.size, batch)
+
+    def frame(self, seq: int, first_txid: int) -> bytes:
+        MESSAGE_HEADER.pack_into(self._head, FRAME_HEADER.size, self._session, seq, self._partition)
+        records = self._records
+        for k, pos in enumerate(self._positions):
+            _TXID.pack_into(records, pos, first_txid + k)
+        return bytes(self._head) + bytes(records)
+
+
+async def _append_run(
+    host: str,
+    port: int,
+    key: uuid.UUID,
+    batch: int,
+    record_bytes: int,
+    inflight: int,
+    duration: float,
+    session: int,
+) -> tuple[int, list[float], float]:
+    client = await StorageClient.connect(host, port)
+    try:
+        await client.open(key, 1)
+        next_txid = await client.max_transaction_id(session, 0) + 1
+        frames = AppendFrames(batch, record_bytes, 0, session)
+        latencies: list[float] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + duration
+        window: asyncio.Queue = asyncio.Queue()
+        sent = 0
+
+        def send() -> None:
+            nonlocal next_txid, sent
+            seq = client.next_seq()
+            future = client.submit_frame(seq, frames.frame(seq, next_txid))
+            window.put_nowait((time.perf_counter(), future))
+            next_txid += batch
+            sent += 1
+
+        started_at = time.perf_counter()
+        for _ in range(inflight):
+            send()
+        acked = 0
+        while acked < sent:
+            started, future = await window.get()
+            response = await future
+            if response.TYPE != StorageMessageType.SUCCESS_RESPONSE:
+                raise RuntimeError(f"append failed: {response}")
+            latencies.append(time.perf_counter() - started)
+            acked += 1
+            if loop.time() < deadline:
+                send()
+        return acked * batch, latencies, time.perf_counter() - started_at
+    finally:
+        await client.close()
+
+
+def raw_disk_rate(directory: str, batch: int, record_bytes: int, duration: float) -> float:
+    """Records/s when each batch's on-disk bytes are written and fsync'd, one batch at a time."""
+    path = os.path.join(directory, "raw-disk-test")
+    chunk = os.urandom(batch * (record_bytes + 40))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        writes = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < duration:
+            os.write(fd, chunk)
+            os.fsync(fd)
+            writes += 1
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return writes * batch / elapsed
+
+
+def run_bench(
+    directory: str | None,
+    batches: list[int],
+    record_bytes: int,
+    duration: float,
+    inflights: list[int],
+    progress=print,
+) -> list[Result]:
+    base = directory or tempfile.mkdtemp(prefix="waltz-bench-", dir=".")
+    os.makedirs(base, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="run-", dir=base)
+    key = uuid.uuid4()
+    proc, ready = start_storage_process(work, key)
+    results = []
+    try:
+        for batch in batches:
+            raw = raw_disk_rate(work, batch, record_bytes, duration)
+            for inflight in inflights:
+                records, latencies, elapsed = asyncio.run(
+                    _append_run(
+                        "127.0.0.1", ready["port"], key, batch, record_bytes, inflight, duration, 1
+                    )
+                )
+                rate = records / elapsed
+                lat_ms = sorted(x * 1000 for x in latencies)
+                result = Result(
+                    batch,
+                    inflight,
+                    rate,
+                    rate * record_bytes / 1e6,
+                    statistics.median(lat_ms),
+                    lat_ms[int(0.99 * (len(lat_ms) - 1))],
+                    raw,
+                )
+                results.append(result)
+                progress(format_row(result))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+        if directory is None:
+            shutil.rmtree(base, ignore_errors=True)
+    return results
+
+
+HEADER = (
+    f"{'batch':>6} {'in flight':>9} {'records/s':>11} {'MB/s':>8} {'p50 ms':>8} "
+    f"{'p99 ms':>8} {'raw disk rec/s':>15} {'vs raw':>7}"
+)
+
+
+def format_row(r: Result) -> str:
+    return (
+        f"{r.batch:>6} {r.inflight:>9} {r.records_per_s:>11,.0f} {r.mb_per_s:>8.1f} "
+        f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.raw_records_per_s:>15,.0f} {r.ratio:>6.2f}x"
+    )
+
+
+def machine_summary() -> str:
+    return (
+        f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}"
+    )
+
+
+def results_json(results: list[Result]) -> str:
+    return json.dumps([asdict(r) | {"ratio": r.ratio} for r in results], indent=2)

@@ -1,0 +1,33 @@
+"""The ``waltz`` admin command.
+
+Subcommand groups are contributed through the ``waltz.commands`` entry-point
+group (see pyproject.toml), so this module never imports the daemons: each
+entry point is a ``register(subparsers)`` function that adds its group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.metadata import entry_points
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="waltz", description="Waltz administration tools")
+    groups = parser.add_subparsers(dest="group", required=True, metavar="GROUP")
+    for ep in sorted(entry_points(group="waltz.commands"), key=lambda e: e.name):
+        ep.load()(groups)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code or 0)
+
+
+if __name__ == "__main__":
+    main()
