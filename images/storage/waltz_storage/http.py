@@ -15,11 +15,7 @@ def build_app(server: StorageServer) -> web.Application:
         # Live unless a partition failed *after* opening (an fsync error): a restart
         # recovers that. A partition that cannot open would fail again, so it only
         # makes the node unready.
-        failed = {
-            p: svc.unavailable
-            for p, svc in node.partitions.items()
-            if svc.unavailable and svc.unavailable.startswith("fsync failed")
-        }
+        failed = {p: svc.unavailable for p, svc in node.partitions.items() if svc.failed_after_open}
         status = 503 if failed else 200
         return web.json_response(
             {"status": "failing" if failed else "ok", "failed_partitions": failed}, status=status

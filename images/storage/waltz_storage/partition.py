@@ -9,6 +9,7 @@ import uuid
 
 from waltz_client.wire.records import RecordBatch, RecordHeader
 
+from .control_file import fsync_directory
 from .errors import CorruptSegment, NonContiguousAppend, TransactionNotFound, TruncateRefused
 from .segment import Segment, wire_to_disk
 
@@ -46,7 +47,9 @@ class PartitionLog:
         max_torn_bytes: int = 256 * 1024 * 1024,
     ) -> PartitionLog:
         """Open (creating if new) and recover the partition in ``directory``."""
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):
+            os.makedirs(directory)
+            fsync_directory(os.path.dirname(os.path.abspath(directory)))
         firsts = sorted(
             int(m.group(1)) for name in os.listdir(directory) if (m := _SEGMENT_NAME.match(name))
         )
@@ -143,11 +146,7 @@ class PartitionLog:
             os.unlink(seg.data_path)
             os.unlink(seg.index_path)
         self.segments[-1].truncate_after(txid)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_directory(self.directory)
         log.info("partition %d truncated after transaction %d", self.partition_id, txid)
 
     # --- reads --------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch
 
+from .control_file import fsync_directory
 from .errors import CorruptSegment, TransactionNotFound
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,7 @@ class Segment:
             os.write(fd, header)
             os.fsync(fd)
             fds.append(fd)
-        _fsync_dir(directory)
+        fsync_directory(directory)
         return cls(
             directory,
             partition_id,
@@ -441,14 +442,6 @@ class Segment:
             if fd >= 0:
                 os.close(fd)
         self._data_fd = self._index_fd = -1
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _open_index(

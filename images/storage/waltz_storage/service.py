@@ -39,7 +39,7 @@ from waltz_client.wire.storage_messages import (
     TruncateRequest,
 )
 
-from .control_file import ControlFile, PartitionInfo
+from .control_file import CONTROL_FILE_NAME, ControlFile, PartitionInfo
 from .errors import (
     ControlFileError,
     CorruptSegment,
@@ -88,6 +88,7 @@ class PartitionService:
         self.log = log_
         self.info = info or PartitionInfo()
         self.unavailable = unavailable  # why the partition serves nothing, or None
+        self.failed_after_open = False  # an fsync failed: a restart recovers
         self._label = str(partition_id)
         self._lock = threading.Lock()  # guards snapshot() against a concurrent process()
 
@@ -136,6 +137,7 @@ class PartitionService:
             # After a failed fsync the page cache cannot be trusted (it may drop the dirty
             # pages and report success next time): stop serving until a restart recovers.
             self.unavailable = f"fsync failed: {e}; restart the node to recover"
+            self.failed_after_open = True
             log.error("partition %d: %s", self.partition_id, self.unavailable)
             for i in unsynced:
                 responses[i] = self._failure(requests[i], StorageError.IO_ERROR, self.unavailable)
@@ -328,11 +330,17 @@ class StorageNode:
         settings = settings or EngineSettings()
         metrics = metrics or StorageMetrics()
         os.makedirs(directory, exist_ok=True)
-        try:
+        if os.path.exists(os.path.join(directory, CONTROL_FILE_NAME)):
             control = ControlFile.open(directory)
-        except ControlFileError as e:
-            if "no control file" not in str(e):
-                raise
+        else:
+            leftovers = sorted(name for name in os.listdir(directory) if name.isdigit())
+            if leftovers:
+                # Without the control file the fencing session is unknown: a stale
+                # server could write again. Never re-initialise over existing data.
+                raise ControlFileError(
+                    f"{directory}: no {CONTROL_FILE_NAME} but partition directories "
+                    f"{', '.join(leftovers)} exist; refusing to initialise over existing data"
+                )
             control = ControlFile.create(directory, cluster_key, num_partitions)
             log.info(
                 "initialised %s for cluster %s with %d partitions",
