@@ -105,7 +105,7 @@ class Reader:
 
 def pack_string(text: str, maximum: int = 65535) -> bytes:
     """A u16-length-prefixed UTF-8 string, cut (on a character boundary) to fit."""
-    data = text.encode("utf-8")
+    data = text.encode("utf-8", "backslashreplace")  # never fail on a lone surrogate
     if len(data) > maximum:
         data = data[:maximum].decode("utf-8", "ignore").encode("utf-8")
     return _U16.pack(len(data)) + data

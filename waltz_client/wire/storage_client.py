@@ -113,6 +113,12 @@ class StorageClient:
                 raise HandshakeError(
                     f"storage {host}:{port} refused the handshake: {reply.status.name}"
                 )
+            if reply.version not in STORAGE_PROTOCOL_VERSIONS:
+                writer.close()
+                raise HandshakeError(
+                    f"storage {host}:{port} chose protocol version "
+                    f"{reply.version}, which this client does not speak"
+                )
             return cls(reader, writer, reply.version, max_frame_bytes, limits)
 
         return await asyncio.wait_for(dial(), timeout)

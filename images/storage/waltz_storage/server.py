@@ -102,7 +102,15 @@ class PartitionWorker:
                     for r in requests
                 ]
             for (conn, _, size), response in zip(batch, responses, strict=True):
-                conn.respond(response, size)
+                try:
+                    conn.respond(response, size)
+                except Exception:  # one bad response must not stop the partition
+                    log.exception(
+                        "partition %d: cannot send %s to %s",
+                        self.service.partition_id,
+                        type(response).__name__,
+                        conn.peer,
+                    )
 
     async def close(self) -> None:
         self._task.cancel()
