@@ -36,8 +36,10 @@ async def serve(config: StorageConfig) -> int:
     )
     engine_settings = EngineSettings(
         segment_bytes=config.segment_bytes,
-        # One drained write group can hold up to write_group_max_bytes plus one more frame.
-        max_torn_bytes=2 * (config.write_group_max_bytes + config.max_frame_bytes),
+        # The most bytes one write group can leave unsynced: a drained batch stops
+        # once it reaches write_group_max_bytes, so at most one more frame; records
+        # take at most 40/36 of their wire size on disk.
+        max_torn_bytes=(config.write_group_max_bytes + config.max_frame_bytes) * 10 // 9 + 1,
     )
     loop = asyncio.get_running_loop()
     try:
@@ -51,8 +53,15 @@ async def serve(config: StorageConfig) -> int:
                 engine_settings,
             ),
         )
-    except (ControlFileError, OSError) as e:
+    except ControlFileError as e:
         print(f"waltz-storage: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(
+            f"waltz-storage: error: setting directory ({config.directory}): cannot use it as "
+            f"the storage directory: {e.strerror or e}",
+            file=sys.stderr,
+        )
         return 2
     server = StorageServer(node, server_settings)
     try:

@@ -17,6 +17,8 @@ log = logging.getLogger(__name__)
 
 _SEGMENT_NAME = re.compile(r"^(\d{19})\.seg$")
 DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
+# One write group with the default limits (8 MiB group + one 64 MiB frame, x 10/9 on disk).
+DEFAULT_MAX_TORN_BYTES = 80 * 1024 * 1024
 
 
 class PartitionLog:
@@ -44,7 +46,7 @@ class PartitionLog:
         cluster_key: uuid.UUID,
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-        max_torn_bytes: int = 256 * 1024 * 1024,
+        max_torn_bytes: int = DEFAULT_MAX_TORN_BYTES,
     ) -> PartitionLog:
         """Open (creating if new) and recover the partition in ``directory``."""
         if not os.path.isdir(directory):

@@ -268,7 +268,7 @@ class Segment:
                     f"{data_path}: header says partition {stored_partition} first transaction "
                     f"{stored_first}, file name says partition {partition_id} first {first_txid}"
                 )
-            index_fd, offsets = _open_index(stem + ".idx", header, data_fd, size, first_txid)
+            index_fd, offsets, hints = _open_index(stem + ".idx", header, data_fd, size, first_txid)
             segment = cls(
                 directory,
                 partition_id,
@@ -280,15 +280,23 @@ class Segment:
                 size,
                 created,
             )
-            segment._recover_tail(is_last=is_last, max_torn_bytes=max_torn_bytes)
+            segment._recover_tail(is_last=is_last, max_torn_bytes=max_torn_bytes, hints=hints)
             return segment
         except BaseException:
             if data_fd >= 0:
                 os.close(data_fd)
             raise
 
-    def _recover_tail(self, *, is_last: bool, max_torn_bytes: int) -> None:
-        """Scan records after the trusted index entries; cut a torn tail or refuse corruption."""
+    def _recover_tail(self, *, is_last: bool, max_torn_bytes: int, hints: array) -> None:
+        """Scan records after the trusted index entries; cut a torn tail or refuse corruption.
+
+        A damaged record is a torn tail, to be cut, when it is cut short by the end
+        of the file, or when it is within ``max_torn_bytes`` of the end and no index
+        entry shows it was synced. ``hints`` are the index entries past the last
+        checkpoint: not durable, but an entry is written only after its record's
+        fsync, so an entry that points at the damaged record proves the record was
+        acknowledged, and damage to it is corruption.
+        """
         trusted = len(self.offsets)
         if trusted:
             pos = self.offsets[-1]
@@ -318,7 +326,20 @@ class Segment:
         )
         if not is_last:
             raise CorruptSegment(f"{where}; a segment before the last cannot have a torn tail")
-        if cut > max_torn_bytes:
+        cut_short = problem.startswith(("record head cut short", "record cut short"))
+        k = expected - self.first_txid - trusted  # the damaged record's position in hints
+        synced = (
+            0 <= k < len(hints)
+            and hints[k] == pos
+            and all(hints[j] == self.offsets[trusted + j] for j in range(k))
+        )
+        if synced and not cut_short:
+            raise CorruptSegment(
+                f"{where}: the index shows this record was synced (acknowledged), so this is "
+                f"corruption, not a torn write; refusing to open (inspect with "
+                f"`waltz storage verify`)"
+            )
+        if cut > max_torn_bytes and not cut_short:
             raise CorruptSegment(
                 f"{where} with {cut} bytes after it, more than one write group "
                 f"({max_torn_bytes} bytes) could leave unsynced: this is corruption, not a torn "
@@ -446,8 +467,12 @@ class Segment:
 
 def _open_index(
     path: str, data_header: bytes, data_fd: int, data_size: int, first_txid: int
-) -> tuple[int, array]:
-    """Open (or recreate) the .idx file; return its fd and the trusted offsets."""
+) -> tuple[int, array, array]:
+    """Open (or recreate) the .idx file.
+
+    Returns its fd, the trusted offsets (up to the last checkpoint, checked against
+    the record the last one points at) and the entries after them, as hints.
+    """
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
@@ -461,17 +486,17 @@ def _open_index(
             os.ftruncate(fd, 0)
             os.pwrite(fd, data_header, 0)
             os.fsync(fd)
-            return fd, array("q")
+            return fd, array("q"), array("q")
         entries = (os.fstat(fd).st_size - HEADER_BYTES) // 8
         trusted = entries // INDEX_CHECKPOINT * INDEX_CHECKPOINT
-        offsets = array("q")
-        if trusted:
-            offsets.frombytes(os.pread(fd, 8 * trusted, HEADER_BYTES))
-            offsets.byteswap()
-            if not _index_entry_valid(data_fd, data_size, offsets, first_txid):
-                log.warning("%s: checkpointed entries do not match the records; rebuilding", path)
-                offsets = array("q")
-        return fd, offsets
+        every = array("q")
+        every.frombytes(os.pread(fd, 8 * entries, HEADER_BYTES))
+        every.byteswap()
+        offsets = every[:trusted]
+        if trusted and not _index_entry_valid(data_fd, data_size, offsets, first_txid):
+            log.warning("%s: checkpointed entries do not match the records; rebuilding", path)
+            return fd, array("q"), every
+        return fd, offsets, every[trusted:]
     except BaseException:
         os.close(fd)
         raise

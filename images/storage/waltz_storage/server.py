@@ -144,6 +144,15 @@ class StorageConnection(asyncio.Protocol):
         self._server.connections.discard(self)
         self._transport = None
 
+    def eof_received(self) -> bool:
+        """The peer finished sending: a partial frame left in the buffer is a malformed one."""
+        if self._decoder is not None and self._decoder.buffered:
+            self._reject(
+                f"MalformedFrame: truncated frame: the stream ended inside it "
+                f"after {self._decoder.buffered} bytes"
+            )
+        return False  # close our side too
+
     def data_received(self, data: bytes) -> None:
         if self._decoder is None:
             self._handshake(data)

@@ -49,7 +49,7 @@ from .errors import (
     TruncateRefused,
 )
 from .metrics import StorageMetrics
-from .partition import DEFAULT_SEGMENT_BYTES, PartitionLog
+from .partition import DEFAULT_MAX_TORN_BYTES, DEFAULT_SEGMENT_BYTES, PartitionLog
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class EngineSettings:
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     # Bytes a crash can leave unsynced at the end of a log: one write group.
-    max_torn_bytes: int = 256 * 1024 * 1024
+    max_torn_bytes: int = DEFAULT_MAX_TORN_BYTES
 
 
 def short_key(key: uuid.UUID) -> str:
