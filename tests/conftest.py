@@ -1,0 +1,48 @@
+"""Fixtures shared by every test directory.
+
+``zookeeper`` is one real ZooKeeper server (a child JVM) for the whole session;
+tests keep out of each other's way by working under their own ``zk_root``.
+Tests that need ZooKeeper are skipped, with the reason, where Java or the
+ZooKeeper jars (``pip install 'waltz[local]'``) are missing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from waltz_client.local.zookeeper import (
+    EmbeddedZooKeeper,
+    ZooKeeperUnavailable,
+    find_java,
+    find_zookeeper_classpath,
+)
+
+
+def require_zookeeper() -> None:
+    """Skip the calling test or fixture unless Java and the ZooKeeper jars are here."""
+    try:
+        find_java()
+        find_zookeeper_classpath()
+    except ZooKeeperUnavailable as exc:
+        pytest.skip(f"ZooKeeper unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedZooKeeper]:
+    """A started ZooKeeper server shared by the session (stopped at its end)."""
+    require_zookeeper()
+    server = EmbeddedZooKeeper(str(tmp_path_factory.mktemp("zookeeper")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def zk_root() -> str:
+    """A fresh chroot path, e.g. ``/waltz-test-<hex>``, not yet created on the server."""
+    return f"/waltz-test-{uuid.uuid4().hex}"

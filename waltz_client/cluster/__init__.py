@@ -1,0 +1,1 @@
+"""Cluster metadata in ZooKeeper: layout, codecs, CreateCluster and the admin commands."""

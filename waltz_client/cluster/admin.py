@@ -1,0 +1,339 @@
+"""CreateCluster and the everyday metadata operations, as library calls.
+
+The CLI (``waltz cluster ...``) and the operator both call these. Every
+read-modify-write is a compare-and-set on the znode version, retried on a
+lost race; changes spanning several znodes are one ZooKeeper transaction.
+A refused operation raises ClusterError and writes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+
+from waltz_client.partition_ranges import format_partition_ranges
+
+from .metadata import (
+    ClusterParams,
+    MetadataError,
+    Ownership,
+    PartitionMetadata,
+    ReplicaAssignment,
+    ServerRegistration,
+    validate_storage_address,
+)
+from .paths import ClusterPaths
+from .placement import assign_replicas
+from .zk import ClusterError
+
+CAS_ATTEMPTS = 20
+
+
+@dataclass
+class CreateResult:
+    created: bool
+    params: ClusterParams
+    assignment: ReplicaAssignment
+
+
+@dataclass
+class ClusterState:
+    """Everything `waltz cluster show` prints, read at one moment (not atomically)."""
+
+    root: str
+    params: ClusterParams
+    assignment: ReplicaAssignment
+    partitions: dict[int, PartitionMetadata]
+    servers: dict[str, ServerRegistration]
+    ownership: Ownership
+    problems: list[str] = field(default_factory=list)
+
+
+def _decode(path: str, data: bytes, codec):
+    try:
+        return codec.decode(data)
+    except MetadataError as e:
+        raise ClusterError(f"{path}: {e}") from None
+
+
+def read_params(zk: KazooClient, root: str) -> ClusterParams:
+    paths = ClusterPaths.of(root)
+    try:
+        data, _ = zk.get(paths.cluster)
+    except NoNodeError:
+        raise ClusterError(
+            f"no Waltz cluster at {paths.root} (no {paths.cluster} node); "
+            f"create one with `waltz cluster create`"
+        ) from None
+    return _decode(paths.cluster, data, ClusterParams)
+
+
+def read_assignment(zk: KazooClient, root: str) -> tuple[ReplicaAssignment, int]:
+    """The replica assignment and its znode version (for compare-and-set)."""
+    paths = ClusterPaths.of(root)
+    try:
+        data, stat = zk.get(paths.assignment)
+    except NoNodeError:
+        raise ClusterError(f"{paths.assignment} is missing: the cluster is incomplete") from None
+    return _decode(paths.assignment, data, ReplicaAssignment), stat.version
+
+
+def create_cluster(
+    zk: KazooClient,
+    root: str,
+    name: str,
+    num_partitions: int,
+    num_replicas: int,
+    storages: list[str],
+    groups: dict[str, int] | None = None,
+    key: uuid.UUID | None = None,
+) -> CreateResult:
+    """Write key, parameters, replica assignment and per-partition metadata in one transaction.
+
+    Idempotent: the same arguments again change nothing (``created`` is False).
+    Conflicting arguments change nothing and raise ClusterError listing what differs.
+    """
+    paths = ClusterPaths.of(root)
+    if not name.strip():
+        raise ClusterError("the cluster name must not be empty")
+    try:
+        for s in storages:
+            validate_storage_address(s)
+        assignment = assign_replicas(storages, num_partitions, num_replicas, groups)
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+    params = ClusterParams(name, key or uuid.uuid4(), num_partitions, num_replicas)
+    for _ in range(CAS_ATTEMPTS):
+        if zk.exists(paths.cluster):
+            return _same_cluster(zk, root, params, assignment, key_given=key is not None)
+        parent = paths.root.rsplit("/", 1)[0]
+        if parent:
+            zk.ensure_path(parent)
+        txn = zk.transaction()
+        if not zk.exists(paths.root):
+            txn.create(paths.root, b"")
+        txn.create(paths.cluster, params.encode())
+        txn.create(paths.store, b"")
+        txn.create(paths.assignment, assignment.encode())
+        txn.create(paths.partitions, b"")
+        for p in range(num_partitions):
+            txn.create(paths.partition(p), PartitionMetadata().encode())
+        txn.create(paths.servers, b"")
+        txn.create(
+            paths.ownership, Ownership({p: (None, 0) for p in range(num_partitions)}).encode()
+        )
+        txn.create(paths.client_ids, b"")
+        results = txn.commit()
+        failures = [r for r in results if isinstance(r, Exception)]
+        if not failures:
+            return CreateResult(True, params, assignment)
+        if not any(isinstance(r, NodeExistsError) for r in failures):
+            raise ClusterError(f"creating the cluster at {paths.root} failed: {failures[0]!r}")
+        # Someone created nodes concurrently: compare with what is there now.
+    raise ClusterError(f"could not create the cluster at {paths.root}: too many concurrent changes")
+
+
+def _same_cluster(
+    zk: KazooClient,
+    root: str,
+    wanted: ClusterParams,
+    wanted_assignment: ReplicaAssignment,
+    key_given: bool,
+) -> CreateResult:
+    existing = read_params(zk, root)
+    assignment, _ = read_assignment(zk, root)
+    diffs = []
+    for label, have, want in (
+        ("name", existing.name, wanted.name),
+        ("partitions", existing.num_partitions, wanted.num_partitions),
+        ("replicas", existing.num_replicas, wanted.num_replicas),
+    ):
+        if have != want:
+            diffs.append(f"{label} is {have}, requested {want}")
+    if key_given and existing.key != wanted.key:
+        diffs.append(f"key is {existing.key}, requested {wanted.key}")
+    if set(assignment.storages) != set(wanted_assignment.storages):
+        diffs.append(
+            f"storage nodes are {','.join(sorted(assignment.storages))}, requested "
+            f"{','.join(sorted(wanted_assignment.storages))}"
+        )
+    if diffs:
+        raise ClusterError(
+            f"a different cluster already exists at {ClusterPaths.of(root).root}: "
+            + "; ".join(diffs)
+            + " (nothing was changed)"
+        )
+    return CreateResult(False, existing, assignment)
+
+
+def read_cluster(zk: KazooClient, root: str) -> ClusterState:
+    paths = ClusterPaths.of(root)
+    params = read_params(zk, root)
+    assignment, _ = read_assignment(zk, root)
+    problems = assignment.problems(params.num_partitions, params.num_replicas)
+    partitions = {}
+    for p in range(params.num_partitions):
+        try:
+            data, _ = zk.get(paths.partition(p))
+            partitions[p] = _decode(paths.partition(p), data, PartitionMetadata)
+        except NoNodeError:
+            problems.append(f"partition {p} has no metadata node")
+        except ClusterError as e:
+            problems.append(str(e))
+    servers = {}
+    for child in sorted(zk.get_children(paths.servers)):
+        try:
+            data, _ = zk.get(paths.server(child))
+            servers[child] = _decode(paths.server(child), data, ServerRegistration)
+        except NoNodeError:  # the server went away while we looked
+            continue
+        except ClusterError as e:
+            problems.append(str(e))
+    try:
+        data, _ = zk.get(paths.ownership)
+        ownership = _decode(paths.ownership, data, Ownership)
+    except NoNodeError:
+        ownership = Ownership({})
+        problems.append(f"{paths.ownership} is missing")
+    return ClusterState(paths.root, params, assignment, partitions, servers, ownership, problems)
+
+
+def update_assignment(
+    zk: KazooClient,
+    root: str,
+    change: Callable[[ReplicaAssignment, ClusterParams], ReplicaAssignment],
+) -> ReplicaAssignment:
+    """Compare-and-set the replica assignment: ``change`` may raise ClusterError to refuse."""
+    paths = ClusterPaths.of(root)
+    params = read_params(zk, root)
+    for _ in range(CAS_ATTEMPTS):
+        current, version = read_assignment(zk, root)
+        new = change(current, params)
+        if new == current:
+            return current
+        try:
+            zk.set(paths.assignment, new.encode(), version=version)
+            return new
+        except BadVersionError:
+            continue  # changed under us: recompute from the new state
+    raise ClusterError("the replica assignment kept changing; try again")
+
+
+def _check_replicas(new: ReplicaAssignment, params: ClusterParams, action: str) -> None:
+    short = [
+        p for p in range(params.num_partitions) if len(new.replicas_of(p)) < params.num_replicas
+    ]
+    if short:
+        raise ClusterError(
+            f"refusing to {action}: partitions {format_partition_ranges(short)} would have "
+            f"fewer than {params.num_replicas} replicas (assign them elsewhere first)"
+        )
+
+
+def add_storage(
+    zk: KazooClient, root: str, address: str, group: int = 0, partitions: set[int] | None = None
+) -> ReplicaAssignment:
+    try:
+        validate_storage_address(address)
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+
+    def change(current: ReplicaAssignment, params: ClusterParams) -> ReplicaAssignment:
+        if address in current.storages:
+            raise ClusterError(f"storage node {address} is already in the cluster")
+        _check_range(partitions or set(), params)
+        return ReplicaAssignment(
+            {**current.storages, address: frozenset(partitions or ())},
+            {**current.groups, address: group},
+        )
+
+    return update_assignment(zk, root, change)
+
+
+def remove_storage(zk: KazooClient, root: str, address: str) -> ReplicaAssignment:
+    def change(current: ReplicaAssignment, params: ClusterParams) -> ReplicaAssignment:
+        if address not in current.storages:
+            raise ClusterError(
+                f"storage node {address} is not in the cluster "
+                f"(nodes: {', '.join(sorted(current.storages)) or 'none'})"
+            )
+        new = ReplicaAssignment(
+            {s: p for s, p in current.storages.items() if s != address},
+            {s: g for s, g in current.groups.items() if s != address},
+        )
+        _check_replicas(new, params, f"remove {address}")
+        return new
+
+    return update_assignment(zk, root, change)
+
+
+def _check_range(partitions: set[int], params: ClusterParams) -> None:
+    bad = sorted(p for p in partitions if not 0 <= p < params.num_partitions)
+    if bad:
+        raise ClusterError(f"partitions {bad} are outside 0..{params.num_partitions - 1}")
+
+
+def assign_partitions(
+    zk: KazooClient, root: str, address: str, partitions: set[int]
+) -> ReplicaAssignment:
+    def change(current: ReplicaAssignment, params: ClusterParams) -> ReplicaAssignment:
+        if address not in current.storages:
+            raise ClusterError(f"storage node {address} is not in the cluster; add it first")
+        _check_range(partitions, params)
+        return ReplicaAssignment(
+            {**current.storages, address: current.storages[address] | frozenset(partitions)},
+            current.groups,
+        )
+
+    return update_assignment(zk, root, change)
+
+
+def unassign_partitions(
+    zk: KazooClient, root: str, address: str, partitions: set[int]
+) -> ReplicaAssignment:
+    def change(current: ReplicaAssignment, params: ClusterParams) -> ReplicaAssignment:
+        if address not in current.storages:
+            raise ClusterError(f"storage node {address} is not in the cluster")
+        _check_range(partitions, params)
+        new = ReplicaAssignment(
+            {**current.storages, address: current.storages[address] - frozenset(partitions)},
+            current.groups,
+        )
+        _check_replicas(new, params, f"unassign those partitions from {address}")
+        return new
+
+    return update_assignment(zk, root, change)
+
+
+def delete_cluster(zk: KazooClient, root: str, confirm_name: str, force: bool = False) -> None:
+    """Delete every node of the cluster. Refused unless ``confirm_name`` is the cluster's name,
+    and while servers are registered unless ``force``."""
+    paths = ClusterPaths.of(root)
+    params = read_params(zk, root)
+    if confirm_name != params.name:
+        raise ClusterError(
+            f"refusing to delete: the cluster at {paths.root} is named "
+            f"{params.name!r}; confirm with that name"
+        )
+    live = zk.get_children(paths.servers) if zk.exists(paths.servers) else []
+    if live and not force:
+        raise ClusterError(
+            f"refusing to delete: servers {', '.join(sorted(live))} are still "
+            f"registered (stop them, or use --force)"
+        )
+    try:
+        zk.delete(paths.root, recursive=True)
+    except NotEmptyError:  # a node appeared during the delete
+        zk.delete(paths.root, recursive=True)
+
+
+def new_client_id(zk: KazooClient, root: str) -> int:
+    """A cluster-wide unique client ID: the sequence number of a (deleted) sequential node."""
+    paths = ClusterPaths.of(root)
+    node = zk.create(f"{paths.client_ids}/id-", b"", sequence=True)
+    zk.delete(node)
+    return int(node.rsplit("-", 1)[1])

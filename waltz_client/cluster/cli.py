@@ -1,0 +1,319 @@
+"""``waltz cluster ...``: create, inspect and change a cluster's metadata in ZooKeeper."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from collections.abc import Callable
+
+from kazoo.client import KazooClient
+
+from waltz_client.partition_ranges import format_partition_ranges, parse_partition_ranges
+
+from . import admin
+from .metadata import ReplicaAssignment
+from .paths import ClusterPaths
+from .placement import quorum
+from .zk import ClusterError, close, connect
+
+DEFAULT_ROOT = "/waltz"
+
+
+def register(groups: argparse._SubParsersAction) -> None:
+    cluster = groups.add_parser("cluster", help="cluster metadata in ZooKeeper")
+    cmds = cluster.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_: str, func: Callable, needs_root: bool = True):
+        p = cmds.add_parser(name, help=help_)
+        p.add_argument(
+            "--zookeeper",
+            "-z",
+            default=os.environ.get("WALTZ_ZOOKEEPER"),
+            help="ZooKeeper connect string (env WALTZ_ZOOKEEPER)",
+        )
+        if needs_root:
+            p.add_argument(
+                "--root",
+                default=os.environ.get("WALTZ_ROOT", DEFAULT_ROOT),
+                help=f"cluster root znode (env WALTZ_ROOT, default {DEFAULT_ROOT})",
+            )
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=lambda args: _run(args, func))
+        return p
+
+    p = command("create", "create a cluster (idempotent)", cmd_create)
+    p.add_argument("--name", required=True, help="cluster name")
+    p.add_argument("--partitions", type=int, required=True, help="number of partitions")
+    p.add_argument("--replicas", type=int, required=True, help="replicas per partition")
+    p.add_argument(
+        "--storage",
+        action="append",
+        required=True,
+        metavar="HOST:PORT[@GROUP]",
+        help="a storage node (repeat, or comma-separate); @GROUP is its failure domain",
+    )
+    p.add_argument("--key", type=uuid.UUID, help="cluster key (default: a new random UUID)")
+
+    command("show", "parameters, assignment, partition metadata, servers, owners", cmd_show)
+    p = command("list", "list the clusters under a znode", cmd_list, needs_root=False)
+    p.add_argument("--under", default="/", help="where to look (default /)")
+    command("key", "print the cluster key", cmd_key)
+
+    p = command("add-storage", "add a storage node", cmd_add_storage)
+    p.add_argument("address", metavar="HOST:PORT")
+    p.add_argument("--group", type=int, default=0, help="failure domain (default 0)")
+    p.add_argument("--partitions", default="", help="partitions it holds, e.g. 0-6,9")
+
+    p = command(
+        "remove-storage",
+        "remove a storage node (refused below the replica count)",
+        cmd_remove_storage,
+    )
+    p.add_argument("address", metavar="HOST:PORT")
+
+    for name, func, help_ in (
+        ("assign", cmd_assign, "assign partitions to a storage node"),
+        ("unassign", cmd_unassign, "unassign partitions from a node"),
+    ):
+        p = command(name, help_, func)
+        p.add_argument("address", metavar="HOST:PORT")
+        p.add_argument("partitions", help="partition IDs and ranges, e.g. 0-6,9")
+
+    p = command("delete", "delete the cluster's metadata (guarded)", cmd_delete)
+    p.add_argument(
+        "--confirm", required=True, metavar="NAME", help="the cluster's name, to confirm"
+    )
+    p.add_argument("--force", action="store_true", help="even while servers are registered")
+
+
+def _run(args: argparse.Namespace, func: Callable[[KazooClient, argparse.Namespace], int]) -> int:
+    if not args.zookeeper:
+        print(
+            "waltz cluster: error: no ZooKeeper: pass --zookeeper HOST:PORT or set WALTZ_ZOOKEEPER",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        if getattr(args, "root", None) is not None:
+            args.root = ClusterPaths.of(args.root).root
+        zk = connect(args.zookeeper)
+    except (ClusterError, ValueError) as e:
+        print(f"waltz cluster: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return func(zk, args)
+    except (ClusterError, ValueError) as e:
+        print(f"waltz cluster: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        close(zk)
+
+
+def _parse_storages(values: list[str]) -> tuple[list[str], dict[str, int]]:
+    storages: list[str] = []
+    groups: dict[str, int] = {}
+    for value in values:
+        for item in value.split(","):
+            address, _, group = item.strip().partition("@")
+            storages.append(address)
+            if group:
+                if not group.isdigit():
+                    raise ClusterError(f"storage {item!r}: group must be a number")
+                groups[address] = int(group)
+    return storages, groups
+
+
+def _print_json(doc: object) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=True))
+
+
+def cmd_create(zk: KazooClient, args: argparse.Namespace) -> int:
+    storages, groups = _parse_storages(args.storage)
+    result = admin.create_cluster(
+        zk, args.root, args.name, args.partitions, args.replicas, storages, groups, args.key
+    )
+    if args.json:
+        _print_json(
+            {
+                "created": result.created,
+                "root": args.root,
+                "key": str(result.params.key),
+                "name": result.params.name,
+            }
+        )
+    else:
+        verb = "created" if result.created else "already exists, unchanged:"
+        print(
+            f"cluster {result.params.name!r} {verb} at {args.root}: "
+            f"{result.params.num_partitions} partitions x {result.params.num_replicas} "
+            f"replicas, key {result.params.key}"
+        )
+    return 0
+
+
+def _assignment_rows(a: ReplicaAssignment) -> list[tuple[str, int, str]]:
+    return [
+        (s, a.groups.get(s, 0), format_partition_ranges(ps) or "-")
+        for s, ps in sorted(a.storages.items())
+    ]
+
+
+def cmd_show(zk: KazooClient, args: argparse.Namespace) -> int:
+    st = admin.read_cluster(zk, args.root)
+    if args.json:
+        _print_json(
+            {
+                "root": st.root,
+                "name": st.params.name,
+                "key": str(st.params.key),
+                "num_partitions": st.params.num_partitions,
+                "num_replicas": st.params.num_replicas,
+                "storages": {
+                    s: {"group": g, "partitions": sorted(st.assignment.storages[s])}
+                    for s, g, _ in _assignment_rows(st.assignment)
+                },
+                "partitions": {
+                    str(p): {
+                        "generation": m.generation,
+                        "session_id": m.session_id,
+                        "replicas": {
+                            s: {
+                                "session_id": r.session_id,
+                                "closing_high_water_mark": r.closing_high_water_mark,
+                            }
+                            for s, r in m.replicas.items()
+                        },
+                        "owner": st.ownership.partitions.get(p, (None, 0))[0],
+                        "owner_generation": st.ownership.partitions.get(p, (None, 0))[1],
+                    }
+                    for p, m in st.partitions.items()
+                },
+                "servers": {
+                    sid: {"host": r.host, "port": r.port, "http_port": r.http_port}
+                    for sid, r in st.servers.items()
+                },
+                "problems": st.problems,
+            }
+        )
+        return 0 if not st.problems else 1
+    p = st.params
+    print(f"cluster {p.name!r} at {st.root}")
+    print(
+        f"  key {p.key}, {p.num_partitions} partitions, {p.num_replicas} replicas "
+        f"(quorum {quorum(p.num_replicas)})"
+    )
+    print("\nstorage nodes")
+    _table(["address", "group", "partitions"], _assignment_rows(st.assignment))
+    print("\npartitions")
+    rows = []
+    for pid, m in sorted(st.partitions.items()):
+        owner, gen = st.ownership.partitions.get(pid, (None, 0))
+        rows.append(
+            (
+                pid,
+                ",".join(st.assignment.replicas_of(pid)),
+                owner or "-",
+                gen,
+                m.generation,
+                m.session_id,
+            )
+        )
+    _table(["partition", "replicas", "owner", "owner gen", "generation", "session"], rows)
+    print("\nservers")
+    _table(
+        ["server", "endpoint", "http"],
+        [(sid, r.endpoint, r.http_port) for sid, r in st.servers.items()] or [("-", "-", "-")],
+    )
+    for problem in st.problems:
+        print(f"PROBLEM: {problem}")
+    return 0 if not st.problems else 1
+
+
+def _table(header: list[str], rows: list[tuple]) -> None:
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for r in cells:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def cmd_list(zk: KazooClient, args: argparse.Namespace) -> int:
+    found = []
+
+    def walk(path: str, depth: int) -> None:
+        try:
+            children = zk.get_children(path)
+        except Exception:
+            return
+        if "cluster" in children and path != "/":
+            try:
+                params = admin.read_params(zk, path)
+                found.append((path, params.name, params.num_partitions, params.num_replicas))
+            except ClusterError:
+                pass
+            return
+        if depth < 4:
+            for c in sorted(children):
+                if path == "/" and c == "zookeeper":
+                    continue
+                walk(f"{path.rstrip('/')}/{c}", depth + 1)
+
+    walk(args.under if args.under == "/" else ClusterPaths.of(args.under).root, 0)
+    if args.json:
+        _print_json(
+            [{"root": r, "name": n, "num_partitions": p, "num_replicas": k} for r, n, p, k in found]
+        )
+    elif found:
+        _table(["root", "name", "partitions", "replicas"], found)
+    else:
+        print(f"no Waltz clusters under {args.under}")
+    return 0
+
+
+def cmd_key(zk: KazooClient, args: argparse.Namespace) -> int:
+    params = admin.read_params(zk, args.root)
+    print(json.dumps({"key": str(params.key)}) if args.json else params.key)
+    return 0
+
+
+def _report(args: argparse.Namespace, a: ReplicaAssignment, what: str) -> int:
+    if args.json:
+        _print_json({s: sorted(ps) for s, ps in a.storages.items()})
+    else:
+        print(what)
+        _table(["address", "group", "partitions"], _assignment_rows(a))
+    return 0
+
+
+def cmd_add_storage(zk: KazooClient, args: argparse.Namespace) -> int:
+    parts = parse_partition_ranges(args.partitions) if args.partitions else set()
+    a = admin.add_storage(zk, args.root, args.address, args.group, parts)
+    return _report(args, a, f"added {args.address}")
+
+
+def cmd_remove_storage(zk: KazooClient, args: argparse.Namespace) -> int:
+    return _report(
+        args, admin.remove_storage(zk, args.root, args.address), f"removed {args.address}"
+    )
+
+
+def cmd_assign(zk: KazooClient, args: argparse.Namespace) -> int:
+    a = admin.assign_partitions(
+        zk, args.root, args.address, parse_partition_ranges(args.partitions)
+    )
+    return _report(args, a, f"assigned {args.partitions} to {args.address}")
+
+
+def cmd_unassign(zk: KazooClient, args: argparse.Namespace) -> int:
+    a = admin.unassign_partitions(
+        zk, args.root, args.address, parse_partition_ranges(args.partitions)
+    )
+    return _report(args, a, f"unassigned {args.partitions} from {args.address}")
+
+
+def cmd_delete(zk: KazooClient, args: argparse.Namespace) -> int:
+    admin.delete_cluster(zk, args.root, args.confirm, args.force)
+    print(json.dumps({"deleted": args.root}) if args.json else f"deleted {args.root}")
+    return 0

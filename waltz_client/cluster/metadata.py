@@ -1,0 +1,297 @@
+"""Versioned codecs for every metadata znode.
+
+Each znode holds one UTF-8 JSON object with a ``"version"`` field, so an
+operator can read it with any ZooKeeper tool and a later release can evolve
+it. Decoding is strict: a wrong type, a missing field or an unknown version
+raises MetadataError naming the field. docs/zookeeper.md has the schemas.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+CODEC_VERSION = 1
+UNRESOLVED = -1  # closing high-water mark not yet resolved by recovery
+NO_SESSION = -1
+
+
+class MetadataError(ValueError):
+    """A znode's data does not decode; the message names the node kind and the field."""
+
+
+def _encode(kind: str, body: dict[str, Any]) -> bytes:
+    return json.dumps(
+        {"version": CODEC_VERSION, "kind": kind, **body}, sort_keys=True, separators=(",", ":")
+    ).encode()
+
+
+def _load(kind: str, data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MetadataError(f"{kind}: not a JSON document ({e})") from None
+    if not isinstance(doc, dict):
+        raise MetadataError(f"{kind}: expected a JSON object")
+    if doc.get("kind") != kind:
+        raise MetadataError(f"{kind}: the node holds {doc.get('kind')!r} metadata")
+    if doc.get("version") != CODEC_VERSION:
+        raise MetadataError(
+            f"{kind}: codec version {doc.get('version')!r} is not supported "
+            f"(this build reads {CODEC_VERSION})"
+        )
+    return doc
+
+
+def _field(kind: str, doc: dict[str, Any], name: str, typ: type, *, minimum: int | None = None):
+    if name not in doc:
+        raise MetadataError(f"{kind}: missing field {name!r}")
+    value = doc[name]
+    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise MetadataError(f"{kind}: field {name!r} must be an integer, got {value!r}")
+    if typ is not int and not isinstance(value, typ):
+        raise MetadataError(f"{kind}: field {name!r} must be {typ.__name__}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise MetadataError(f"{kind}: field {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _partition_list(kind: str, value: Any, where: str) -> frozenset[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in value
+    ):
+        raise MetadataError(f"{kind}: {where} must be a list of partition IDs, got {value!r}")
+    return frozenset(value)
+
+
+def validate_storage_address(address: str) -> str:
+    """``host:port`` with a port in 1..65535; ValueError says what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"storage address {address!r} is not host:port")
+    return address
+
+
+# --- cluster parameters ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterParams:
+    name: str
+    key: uuid.UUID
+    num_partitions: int
+    num_replicas: int
+
+    KIND = "cluster"
+
+    def encode(self) -> bytes:
+        return _encode(
+            self.KIND,
+            {
+                "name": self.name,
+                "key": str(self.key),
+                "num_partitions": self.num_partitions,
+                "num_replicas": self.num_replicas,
+            },
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> ClusterParams:
+        doc = _load(cls.KIND, data)
+        try:
+            key = uuid.UUID(_field(cls.KIND, doc, "key", str))
+        except ValueError:
+            raise MetadataError(f"cluster: field 'key' is not a UUID: {doc['key']!r}") from None
+        return cls(
+            _field(cls.KIND, doc, "name", str),
+            key,
+            _field(cls.KIND, doc, "num_partitions", int, minimum=1),
+            _field(cls.KIND, doc, "num_replicas", int, minimum=1),
+        )
+
+
+# --- replica assignment ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplicaAssignment:
+    """Which storage node (``host:port``) holds which partitions; ``groups`` are optional
+    failure domains (a zone, a rack) used when placing replicas."""
+
+    storages: dict[str, frozenset[int]]
+    groups: dict[str, int] = field(default_factory=dict)
+
+    KIND = "replica-assignment"
+
+    def replicas_of(self, partition_id: int) -> list[str]:
+        return sorted(s for s, parts in self.storages.items() if partition_id in parts)
+
+    def problems(self, num_partitions: int, num_replicas: int) -> list[str]:
+        """Why this assignment does not serve the cluster (empty when it does)."""
+        out = []
+        for s, parts in sorted(self.storages.items()):
+            bad = sorted(p for p in parts if p >= num_partitions)
+            if bad:
+                out.append(f"{s} holds partitions {bad} outside 0..{num_partitions - 1}")
+        for p in range(num_partitions):
+            n = len(self.replicas_of(p))
+            if n < num_replicas:
+                out.append(f"partition {p} has {n} replicas, the cluster needs {num_replicas}")
+        return out
+
+    def encode(self) -> bytes:
+        return _encode(
+            self.KIND,
+            {
+                "storages": {
+                    s: {"group": self.groups.get(s, 0), "partitions": sorted(parts)}
+                    for s, parts in self.storages.items()
+                }
+            },
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> ReplicaAssignment:
+        doc = _load(cls.KIND, data)
+        raw = _field(cls.KIND, doc, "storages", dict)
+        storages: dict[str, frozenset[int]] = {}
+        groups: dict[str, int] = {}
+        for s, entry in raw.items():
+            try:
+                validate_storage_address(s)
+            except ValueError as e:
+                raise MetadataError(f"{cls.KIND}: {e}") from None
+            if not isinstance(entry, dict):
+                raise MetadataError(f"{cls.KIND}: entry of {s} must be an object")
+            storages[s] = _partition_list(cls.KIND, entry.get("partitions"), f"{s}.partitions")
+            groups[s] = _field(cls.KIND, entry, "group", int, minimum=0)
+        return cls(storages, groups)
+
+
+# --- partition metadata ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """The store session a replica is engaged in, and the closing high-water mark of the
+    session it left (UNRESOLVED until recovery resolves it)."""
+
+    session_id: int = NO_SESSION
+    closing_high_water_mark: int = UNRESOLVED
+
+
+@dataclass(frozen=True)
+class PartitionMetadata:
+    generation: int = 0
+    session_id: int = NO_SESSION
+    replicas: dict[str, ReplicaState] = field(default_factory=dict)
+
+    KIND = "partition"
+
+    def encode(self) -> bytes:
+        return _encode(
+            self.KIND,
+            {
+                "generation": self.generation,
+                "session_id": self.session_id,
+                "replicas": {
+                    s: {
+                        "session_id": r.session_id,
+                        "closing_high_water_mark": r.closing_high_water_mark,
+                    }
+                    for s, r in self.replicas.items()
+                },
+            },
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> PartitionMetadata:
+        doc = _load(cls.KIND, data)
+        replicas = {}
+        for s, entry in _field(cls.KIND, doc, "replicas", dict).items():
+            if not isinstance(entry, dict):
+                raise MetadataError(f"{cls.KIND}: replica state of {s} must be an object")
+            replicas[s] = ReplicaState(
+                _field(cls.KIND, entry, "session_id", int, minimum=NO_SESSION),
+                _field(cls.KIND, entry, "closing_high_water_mark", int, minimum=UNRESOLVED),
+            )
+        return cls(
+            _field(cls.KIND, doc, "generation", int, minimum=0),
+            _field(cls.KIND, doc, "session_id", int, minimum=NO_SESSION),
+            replicas,
+        )
+
+
+# --- servers and partition ownership --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerRegistration:
+    """What a live server publishes in its ephemeral node."""
+
+    server_id: str
+    host: str
+    port: int
+    http_port: int
+
+    KIND = "server"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def encode(self) -> bytes:
+        return _encode(
+            self.KIND,
+            {
+                "server_id": self.server_id,
+                "host": self.host,
+                "port": self.port,
+                "http_port": self.http_port,
+            },
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> ServerRegistration:
+        doc = _load(cls.KIND, data)
+        return cls(
+            _field(cls.KIND, doc, "server_id", str),
+            _field(cls.KIND, doc, "host", str),
+            _field(cls.KIND, doc, "port", int, minimum=0),
+            _field(cls.KIND, doc, "http_port", int, minimum=0),
+        )
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Partition -> (owning server ID or None, generation). Every move bumps the generation."""
+
+    partitions: dict[int, tuple[str | None, int]]
+
+    KIND = "ownership"
+
+    def encode(self) -> bytes:
+        return _encode(
+            self.KIND,
+            {
+                "partitions": {
+                    str(p): {"server": s, "generation": g}
+                    for p, (s, g) in sorted(self.partitions.items())
+                }
+            },
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> Ownership:
+        doc = _load(cls.KIND, data)
+        out: dict[int, tuple[str | None, int]] = {}
+        for p, entry in _field(cls.KIND, doc, "partitions", dict).items():
+            if not p.isdigit() or not isinstance(entry, dict):
+                raise MetadataError(f"{cls.KIND}: bad entry {p!r}")
+            server = entry.get("server")
+            if server is not None and not isinstance(server, str):
+                raise MetadataError(f"{cls.KIND}: partition {p} server must be a string or null")
+            out[int(p)] = (server, _field(cls.KIND, entry, "generation", int, minimum=0))
+        return cls(out)

@@ -1,0 +1,57 @@
+"""Replica placement: which storage nodes hold each partition. Pure and deterministic."""
+
+from __future__ import annotations
+
+from .metadata import ReplicaAssignment
+
+
+def placement_ring(storages: list[str], groups: dict[str, int]) -> list[str]:
+    """Storage nodes in an order where neighbours come from different groups when possible."""
+    by_group: dict[int, list[str]] = {}
+    for s in sorted(storages):
+        by_group.setdefault(groups.get(s, 0), []).append(s)
+    columns = [by_group[g] for g in sorted(by_group)]
+    ring: list[str] = []
+    for i in range(max((len(c) for c in columns), default=0)):
+        ring.extend(c[i] for c in columns if i < len(c))
+    return ring
+
+
+def assign_replicas(
+    storages: list[str],
+    num_partitions: int,
+    num_replicas: int,
+    groups: dict[str, int] | None = None,
+) -> ReplicaAssignment:
+    """Partition p goes to ``num_replicas`` consecutive nodes of the ring, starting at p.
+
+    Every node gets the same number of replicas (within one), and with groups
+    (failure domains) a partition's replicas land in distinct groups whenever
+    there are at least ``num_replicas`` groups of equal size.
+    """
+    if num_partitions < 1:
+        raise ValueError(f"the number of partitions must be at least 1, got {num_partitions}")
+    if num_replicas < 1:
+        raise ValueError(f"the number of replicas must be at least 1, got {num_replicas}")
+    if len(set(storages)) != len(storages):
+        dupes = sorted({s for s in storages if storages.count(s) > 1})
+        raise ValueError(f"storage nodes listed twice: {', '.join(dupes)}")
+    if num_replicas > len(storages):
+        raise ValueError(
+            f"{num_replicas} replicas need at least {num_replicas} storage nodes, "
+            f"got {len(storages)}"
+        )
+    groups = dict(groups or {})
+    ring = placement_ring(storages, groups)
+    held: dict[str, set[int]] = {s: set() for s in storages}
+    for p in range(num_partitions):
+        for k in range(num_replicas):
+            held[ring[(p + k) % len(ring)]].add(p)
+    return ReplicaAssignment(
+        {s: frozenset(ps) for s, ps in held.items()}, {s: groups.get(s, 0) for s in storages}
+    )
+
+
+def quorum(num_replicas: int) -> int:
+    """The majority of ``num_replicas``."""
+    return num_replicas // 2 + 1

@@ -1,0 +1,44 @@
+"""Connecting to ZooKeeper with kazoo, with errors that say what failed."""
+
+from __future__ import annotations
+
+import logging
+
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+
+log = logging.getLogger(__name__)
+
+
+class ClusterError(Exception):
+    """A cluster operation could not be done; the message says why and changes nothing."""
+
+
+def connect(connect_string: str, timeout: float = 15.0, read_only: bool = False) -> KazooClient:
+    """A started KazooClient, or ClusterError naming the ensemble that did not answer."""
+    if not connect_string.strip():
+        raise ClusterError("no ZooKeeper connect string (host:port[,host:port...][/chroot])")
+    zk = KazooClient(
+        hosts=connect_string,
+        timeout=timeout,
+        read_only=read_only,
+        logger=logging.getLogger("kazoo.client"),
+    )
+    try:
+        zk.start(timeout=timeout)
+    except KazooTimeoutError:
+        zk.close()
+        raise ClusterError(
+            f"ZooKeeper at {connect_string} did not answer within {timeout:g} s"
+        ) from None
+    except ValueError as e:
+        zk.close()
+        raise ClusterError(f"bad ZooKeeper connect string {connect_string!r}: {e}") from None
+    return zk
+
+
+def close(zk: KazooClient) -> None:
+    try:
+        zk.stop()
+    finally:
+        zk.close()

@@ -1,0 +1,1 @@
+"""Real dependencies (ZooKeeper, ...) started as local processes for development and tests."""

@@ -1,0 +1,580 @@
+"""A real, single-node ZooKeeper server run as a child JVM, for development and tests.
+
+The server is Apache ZooKeeper's own ``ZooKeeperServerMain``; its jars come from
+``$ZOOKEEPER_HOME`` (an Apache ZooKeeper binary release) or, failing that, from the
+``jars/`` directory of an installed pyspark wheel (``pip install 'waltz[local]'``),
+which ships ZooKeeper's server. Java (17 or later) must be installed.
+
+    with EmbeddedZooKeeper("/tmp/zk") as zk:
+        client = KazooClient(hosts=zk.connect_string)
+
+Run ``python -m waltz_client.local.zookeeper --data-dir DIR [--port PORT]`` to serve
+one from a terminal until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import glob
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Sequence
+from types import TracebackType
+from typing import IO
+
+__all__ = [
+    "EmbeddedZooKeeper",
+    "ZooKeeperUnavailable",
+    "find_java",
+    "find_zookeeper_classpath",
+]
+
+SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+# The server jar itself (zookeeper-3.9.5.jar), not zookeeper-jute-*.jar.
+_SERVER_JAR_PATTERN = "zookeeper-[0-9]*.jar"
+_LOG_TAIL_LINES = 30
+_PORT_ATTEMPTS = 3  # fresh free ports tried when an automatically picked one is taken
+
+# kazoo logs a harmless "Connection dropped" warning when the readiness probe hangs up.
+_PROBE_LOG = logging.getLogger(__name__ + ".probe")
+if _PROBE_LOG.level == logging.NOTSET:
+    _PROBE_LOG.setLevel(logging.ERROR)
+
+_LOG4J2_PROPERTIES = """\
+# Written by waltz_client.local.zookeeper: the server's log goes to stdout (the log file).
+status = error
+rootLogger.level = {level}
+rootLogger.appenderRef.stdout.ref = stdout
+appender.stdout.type = Console
+appender.stdout.name = stdout
+appender.stdout.target = SYSTEM_OUT
+appender.stdout.layout.type = PatternLayout
+appender.stdout.layout.pattern = %d{{ISO8601}} %-5p [%t] %c{{1}}: %m%n
+"""
+
+
+class ZooKeeperUnavailable(RuntimeError):
+    """ZooKeeper cannot be started here; the message says what is missing and how to get it."""
+
+
+def find_java(java: str | None = None) -> str:
+    """The path of a ``java`` executable: ``java`` if given, else ``$JAVA_HOME/bin/java``,
+    else ``java`` on ``PATH``. Raises :class:`ZooKeeperUnavailable` if there is none."""
+    if java:
+        found = java if os.sep in java else shutil.which(java)
+        if found and _is_executable(found):
+            return found
+        raise ZooKeeperUnavailable(f"java not found or not executable at {java!r}; install Java 17")
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = os.path.join(java_home, "bin", "java")
+        if _is_executable(candidate):
+            return candidate
+    found = shutil.which("java")
+    if found and _is_executable(found):
+        return found
+    where = f"PATH or JAVA_HOME ({java_home}/bin/java)" if java_home else "PATH or JAVA_HOME"
+    raise ZooKeeperUnavailable(
+        f"java not found on {where}; install Java 17 "
+        "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+    )
+
+
+def _is_executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def find_zookeeper_classpath() -> str:
+    """A Java class path holding ZooKeeper's server: ``$ZOOKEEPER_HOME/lib/*`` and
+    ``$ZOOKEEPER_HOME/*`` if ``ZOOKEEPER_HOME`` is set, else pyspark's ``jars/*``.
+    Raises :class:`ZooKeeperUnavailable` if no ``zookeeper-<version>.jar`` is there."""
+    home = os.environ.get("ZOOKEEPER_HOME")
+    if home:
+        dirs = [d for d in (os.path.join(home, "lib"), home) if os.path.isdir(d)]
+        if not any(glob.glob(os.path.join(d, _SERVER_JAR_PATTERN)) for d in dirs):
+            raise ZooKeeperUnavailable(
+                f"no ZooKeeper jars in ZOOKEEPER_HOME={home} (no lib/zookeeper-<version>.jar): "
+                "point it at an Apache ZooKeeper binary release, or unset it and "
+                "pip install 'waltz[local]' (pyspark ships the jars)"
+            )
+        return os.pathsep.join(os.path.join(d, "*") for d in dirs)
+
+    jars = _pyspark_jars_dir()
+    if jars is None:
+        raise ZooKeeperUnavailable(
+            "no ZooKeeper jars: pip install 'waltz[local]' (pyspark ships them) "
+            "or set ZOOKEEPER_HOME to an Apache ZooKeeper binary release"
+        )
+    if not glob.glob(os.path.join(jars, _SERVER_JAR_PATTERN)):
+        raise ZooKeeperUnavailable(
+            f"no ZooKeeper jars: {jars} has no zookeeper-<version>.jar (pyspark-client and "
+            "pyspark-connect ship no jars); pip install 'waltz[local]' for the full pyspark, "
+            "or set ZOOKEEPER_HOME to an Apache ZooKeeper binary release"
+        )
+    return os.path.join(jars, "*")
+
+
+def _pyspark_jars_dir() -> str | None:
+    """pyspark's ``jars`` directory, found without importing pyspark."""
+    try:
+        spec = importlib.util.find_spec("pyspark")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        base = next(iter(spec.submodule_search_locations))
+    elif spec.origin:
+        base = os.path.dirname(spec.origin)
+    else:
+        return None
+    return os.path.join(base, "jars")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _listening(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def four_letter_word(host: str, port: int, command: str, timeout: float = 1.0) -> str | None:
+    """Send a ZooKeeper four-letter-word command (``ruok``, ``srvr``, ...); the reply, or
+    None if the server did not answer within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(command.encode("ascii"))
+            chunks: list[bytes] = []
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                sock.settimeout(remaining)
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except OSError:
+        return None
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+_RUNNING: weakref.WeakSet[EmbeddedZooKeeper] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    # The JVM runs in its own session, so nothing else would end it with this process.
+    for server in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            server.kill()
+
+
+class EmbeddedZooKeeper:
+    """One ZooKeeper server in a child JVM, keeping its data in ``data_dir``.
+
+    ``port=0`` picks a free port on the first :meth:`start` and keeps it for later
+    starts. The JVM runs in its own process group; its output goes to ``log_path``
+    (default ``<data_dir>/zookeeper.log``, appended to across starts). A server still
+    running when the Python process exits normally is killed.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        java: str | None = None,
+        classpath: str | None = None,
+        log_path: str | None = None,
+        heap_mb: int = 256,
+        log_level: str = "INFO",
+    ) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        self.host = host
+        self.heap_mb = heap_mb
+        self.log_level = log_level
+        self.log_path = os.path.abspath(log_path or os.path.join(self.data_dir, "zookeeper.log"))
+        self._java = java
+        self._classpath = classpath
+        self._port = port
+        self._auto_port = port == 0
+        self._started_once = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._log_offset = 0
+
+    # -- facts ---------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The client port (picked now if it was 0 and no start has picked it yet)."""
+        if self._port == 0:
+            self._port = _free_port(self.host)
+        return self._port
+
+    @property
+    def connect_string(self) -> str:
+        """``host:port``, for ``KazooClient(hosts=...)``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's pid while it runs (paused counts as running), else None."""
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    @property
+    def config_path(self) -> str:
+        return os.path.join(self.data_dir, "zoo.cfg")
+
+    def ruok(self, timeout: float = 1.0) -> bool:
+        """True if the server answers ``ruok`` with ``imok`` within ``timeout`` seconds."""
+        return four_letter_word(self.host, self.port, "ruok", timeout) == "imok"
+
+    def command_line(self, java: str, classpath: str) -> list[str]:
+        return [
+            java,
+            f"-Xmx{self.heap_mb}m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-XX:-UsePerfData",
+            "-Djava.awt.headless=true",
+            "-Dzookeeper.admin.enableServer=false",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            f"-Dlog4j2.configurationFile={os.path.join(self.data_dir, 'log4j2.properties')}",
+            "-cp",
+            classpath,
+            SERVER_MAIN,
+            self.config_path,
+        ]
+
+    # -- life cycle ----------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the server and wait until it answers ``ruok`` and accepts a kazoo session.
+
+        Raises :class:`ZooKeeperUnavailable` (with the end of the log) if Java or the
+        jars are missing, or the server exits or is not ready within ``timeout`` seconds.
+        """
+        if self.running:
+            raise RuntimeError(f"ZooKeeper is already running on {self.connect_string}")
+        self._reap()  # a server that died by itself
+        java = find_java(self._java)
+        classpath = self._classpath or find_zookeeper_classpath()
+        os.makedirs(self.data_dir, exist_ok=True)
+        deadline = time.monotonic() + timeout
+        # Only a port this object picked itself, and never served on, may be swapped for
+        # another one if something else turns out to hold it.
+        attempts = _PORT_ATTEMPTS if self._auto_port and not self._started_once else 1
+        for attempt in range(1, attempts + 1):
+            if _listening(self.host, self.port):
+                if attempt < attempts:
+                    self._port = 0
+                    continue
+                raise ZooKeeperUnavailable(
+                    f"cannot start ZooKeeper: something is already listening on "
+                    f"{self.connect_string}"
+                )
+            try:
+                self._launch(java, classpath, deadline, timeout)
+            except _PortTaken:
+                if attempt < attempts:
+                    self._port = 0
+                    continue
+                raise ZooKeeperUnavailable(
+                    f"ZooKeeper could not bind {self.connect_string} (address already in use)"
+                    + self._log_tail_text()
+                ) from None
+            self._started_once = True
+            return
+
+    def _launch(self, java: str, classpath: str, deadline: float, timeout: float) -> None:
+        self._write_config()
+        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        self._log_offset = log.tell()
+        try:
+            self._proc = subprocess.Popen(
+                self.command_line(java, classpath),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            log.close()
+            raise ZooKeeperUnavailable(f"cannot run {java}: {exc}") from exc
+        self._log = log
+        _RUNNING.add(self)
+        try:
+            self._wait_ready(deadline, timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_ready(self, deadline: float, timeout: float) -> None:
+        assert self._proc is not None
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                if "Address already in use" in self._log_tail_text():
+                    raise _PortTaken
+                raise ZooKeeperUnavailable(
+                    f"ZooKeeper exited with code {code} while starting on {self.connect_string}"
+                    + self._log_tail_text()
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ZooKeeperUnavailable(
+                    f"ZooKeeper did not become ready on {self.connect_string} within "
+                    f"{timeout:g} s" + self._log_tail_text()
+                )
+            if self.ruok(timeout=min(1.0, remaining)) and self._kazoo_connects(
+                deadline - time.monotonic()
+            ):
+                # It might still be another server answering: make sure ours is alive.
+                if self._proc.poll() is None:
+                    return
+                continue
+            time.sleep(0.1)
+
+    def _kazoo_connects(self, timeout: float) -> bool:
+        if timeout <= 0:
+            return False
+        from kazoo.client import KazooClient
+        from kazoo.exceptions import KazooException
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        client = KazooClient(hosts=self.connect_string, timeout=10.0, logger=_PROBE_LOG)
+        try:
+            client.start(timeout=timeout)
+            client.get("/")
+            return True
+        except (KazooTimeoutError, KazooException):
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                client.stop()
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout`` seconds) and wait
+        until it has exited. Does nothing if it is not running."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            self._signal(signal.SIGCONT)  # a paused JVM would never see the SIGTERM
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                proc.wait()
+        self._reap()
+
+    def kill(self) -> None:
+        """Kill the server with SIGKILL (a crash, for fault tests) and wait until it has
+        exited. Does nothing if it is not running."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal(signal.SIGKILL)
+            proc.wait()
+        self._reap()
+
+    def pause(self) -> None:
+        """Freeze the server with SIGSTOP: its port stays open but nothing answers."""
+        self._require_running()
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT)."""
+        self._require_running()
+        self._signal(signal.SIGCONT)
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Stop the server, then start it again on the same data directory and port."""
+        self.stop()
+        self.start(timeout=timeout)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the server to exit by itself; its exit code, or None on timeout."""
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def __enter__(self) -> EmbeddedZooKeeper:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.running else "stopped"
+        return f"EmbeddedZooKeeper({self.data_dir!r}, {self.host}:{self._port}, {state})"
+
+    # -- helpers -------------------------------------------------------------
+
+    def _write_config(self) -> None:
+        config = {
+            "tickTime": "2000",
+            "dataDir": self.data_dir,
+            "clientPort": str(self.port),
+            "clientPortAddress": self.host,
+            "maxClientCnxns": "0",
+            "minSessionTimeout": "2000",
+            "maxSessionTimeout": "60000",
+            "admin.enableServer": "false",
+            "4lw.commands.whitelist": "ruok,srvr,stat,mntr",
+            "autopurge.snapRetainCount": "3",
+            "autopurge.purgeInterval": "1",
+        }
+        text = "# Written by waltz_client.local.zookeeper on each start.\n" + "".join(
+            f"{key}={value}\n" for key, value in config.items()
+        )
+        _write_file(self.config_path, text)
+        _write_file(
+            os.path.join(self.data_dir, "log4j2.properties"),
+            _LOG4J2_PROPERTIES.format(level=self.log_level),
+        )
+
+    def _signal(self, signum: int) -> None:
+        assert self._proc is not None
+        # The JVM leads its own process group (start_new_session=True).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signum)
+
+    def _require_running(self) -> None:
+        if not self.running:
+            raise RuntimeError("ZooKeeper is not running")
+
+    def _reap(self) -> None:
+        self._proc = None
+        _RUNNING.discard(self)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _log_tail_text(self) -> str:
+        lines = self.log_tail()
+        if not lines:
+            return f" (log {self.log_path} is empty)"
+        return f"; last lines of {self.log_path}:\n" + "\n".join(lines)
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> list[str]:
+        """The last ``lines`` lines the server wrote since its latest start."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                data = f.read()
+        except OSError:
+            return []
+        return data.decode("utf-8", "replace").splitlines()[-lines:]
+
+
+class _PortTaken(Exception):
+    """The server could not bind its port."""
+
+
+def _write_file(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# -- command line --------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m waltz_client.local.zookeeper",
+        description="Serve a local ZooKeeper until Ctrl-C (data survives in --data-dir).",
+    )
+    parser.add_argument("--data-dir", required=True, help="where ZooKeeper keeps its data")
+    parser.add_argument("--port", type=int, default=2181, help="client port; 0 picks a free one")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--heap-mb", type=int, default=256, help="JVM heap limit in MiB")
+    parser.add_argument("--java", help="java executable (default: $JAVA_HOME/bin/java or PATH)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for start")
+    args = parser.parse_args(argv)
+
+    server = EmbeddedZooKeeper(
+        args.data_dir, args.port, args.host, java=args.java, heap_mb=args.heap_mb
+    )
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        try:
+            server.start(timeout=args.timeout)
+        except ZooKeeperUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(server.connect_string, flush=True)
+        print(
+            f"ZooKeeper serving on {server.connect_string} (pid {server.pid}, data in "
+            f"{server.data_dir}, log {server.log_path}); Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+        code = server.wait()
+        print(f"error: ZooKeeper exited by itself with code {code}", file=sys.stderr)
+        for line in server.log_tail(10):
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        server.stop()
+        print("ZooKeeper stopped", file=sys.stderr)
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
