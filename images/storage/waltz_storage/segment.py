@@ -290,9 +290,10 @@ class Segment:
     def _recover_tail(self, *, is_last: bool, max_torn_bytes: int, hints: array) -> None:
         """Scan records after the trusted index entries; cut a torn tail or refuse corruption.
 
-        A damaged record is a torn tail, to be cut, when it is cut short by the end
-        of the file, or when it is within ``max_torn_bytes`` of the end and no index
-        entry shows it was synced. ``hints`` are the index entries past the last
+        A damaged record (bad checksum, or cut short by the end of the file) is a
+        torn tail, to be cut, only when it is within ``max_torn_bytes`` of the end
+        and no index entry shows it was synced (or it is the last record, cut short).
+        ``hints`` are the index entries past the last
         checkpoint: not durable, but an entry is written only after its record's
         fsync, so an entry that points at the damaged record proves the record was
         acknowledged, and damage to it is corruption.
@@ -326,20 +327,22 @@ class Segment:
         )
         if not is_last:
             raise CorruptSegment(f"{where}; a segment before the last cannot have a torn tail")
-        cut_short = problem.startswith(("record head cut short", "record cut short"))
         k = expected - self.first_txid - trusted  # the damaged record's position in hints
         synced = (
             0 <= k < len(hints)
             and hints[k] == pos
             and all(hints[j] == self.offsets[trusted + j] for j in range(k))
         )
-        if synced and not cut_short:
+        cut_short = problem.startswith(("record head cut short", "record cut short"))
+        # A synced record cut short by the end of the file, with no later index entry, is
+        # still a tail (the file itself was cut); anything else synced is corruption.
+        if synced and not (cut_short and k == len(hints) - 1):
             raise CorruptSegment(
                 f"{where}: the index shows this record was synced (acknowledged), so this is "
                 f"corruption, not a torn write; refusing to open (inspect with "
                 f"`waltz storage verify`)"
             )
-        if cut > max_torn_bytes and not cut_short:
+        if cut > max_torn_bytes:
             raise CorruptSegment(
                 f"{where} with {cut} bytes after it, more than one write group "
                 f"({max_torn_bytes} bytes) could leave unsynced: this is corruption, not a torn "

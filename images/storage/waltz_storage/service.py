@@ -136,9 +136,7 @@ class PartitionService:
         except OSError as e:
             # After a failed fsync the page cache cannot be trusted (it may drop the dirty
             # pages and report success next time): stop serving until a restart recovers.
-            self.unavailable = f"fsync failed: {e}; restart the node to recover"
-            self.failed_after_open = True
-            log.error("partition %d: %s", self.partition_id, self.unavailable)
+            self._fail(f"fsync failed: {e}")
             for i in unsynced:
                 responses[i] = self._failure(requests[i], StorageError.IO_ERROR, self.unavailable)
             unsynced.clear()
@@ -156,6 +154,14 @@ class PartitionService:
         m.appended_records.labels(self._label).inc(records)
         m.appended_bytes.labels(self._label).inc(data_bytes)
         unsynced.clear()
+
+    def _fail(self, reason: str) -> None:
+        """Stop serving until a restart: after a failed fsync the page cache cannot be
+        trusted (it may drop dirty pages and report success next time), and recovery
+        on open rescans the files."""
+        self.unavailable = f"{reason}; restart the node to recover"
+        self.failed_after_open = True
+        log.error("partition %d: %s", self.partition_id, self.unavailable)
 
     def _failure(
         self, request: StorageMessage, error: StorageError, message: str
@@ -188,10 +194,9 @@ class PartitionService:
             log.error("partition %d: %s", self.partition_id, e)
             return self._failure(request, StorageError.IO_ERROR, str(e))
         except OSError as e:
-            log.error(
-                "partition %d: I/O error on %s: %s", self.partition_id, type(request).__name__, e
-            )
-            return self._failure(request, StorageError.IO_ERROR, f"I/O error: {e}")
+            # A failed write or fsync leaves the files and our view of them in doubt.
+            self._fail(f"I/O error on {type(request).__name__}: {e}")
+            return self._failure(request, StorageError.IO_ERROR, self.unavailable or "")
 
     def _fence(self, request: StorageMessage) -> FailureResponse | None:
         """Refuse older sessions; adopt (durably, before anything else) a newer one."""
@@ -209,11 +214,8 @@ class PartitionService:
                     self.partition_id, replace(self.info, fence_session_id=request.session_id)
                 )
             except OSError as e:
-                return self._failure(
-                    request,
-                    StorageError.IO_ERROR,
-                    f"could not persist session {request.session_id}: {e}",
-                )
+                self._fail(f"could not persist session {request.session_id}: {e}")
+                return self._failure(request, StorageError.IO_ERROR, self.unavailable or "")
         return None
 
     def _dispatch(self, request: StorageMessage) -> StorageMessage | None:
