@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> None:
         code = args.func(args)
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        code = 0
     sys.exit(code or 0)
 
 

@@ -100,16 +100,18 @@ def create_cluster(
     paths = ClusterPaths.of(root)
     if not name.strip():
         raise ClusterError("the cluster name must not be empty")
+    params = ClusterParams(name, key or uuid.uuid4(), num_partitions, num_replicas)
+    if zk.exists(paths.cluster):  # say what differs before judging the arguments
+        return _same_cluster(zk, root, params, set(storages), key_given=key is not None)
     try:
         for s in storages:
             validate_storage_address(s)
         assignment = assign_replicas(storages, num_partitions, num_replicas, groups)
     except ValueError as e:
         raise ClusterError(str(e)) from None
-    params = ClusterParams(name, key or uuid.uuid4(), num_partitions, num_replicas)
     for _ in range(CAS_ATTEMPTS):
         if zk.exists(paths.cluster):
-            return _same_cluster(zk, root, params, assignment, key_given=key is not None)
+            return _same_cluster(zk, root, params, set(storages), key_given=key is not None)
         parent = paths.root.rsplit("/", 1)[0]
         if parent:
             zk.ensure_path(parent)
@@ -141,7 +143,7 @@ def _same_cluster(
     zk: KazooClient,
     root: str,
     wanted: ClusterParams,
-    wanted_assignment: ReplicaAssignment,
+    wanted_storages: set[str],
     key_given: bool,
 ) -> CreateResult:
     existing = read_params(zk, root)
@@ -156,10 +158,10 @@ def _same_cluster(
             diffs.append(f"{label} is {have}, requested {want}")
     if key_given and existing.key != wanted.key:
         diffs.append(f"key is {existing.key}, requested {wanted.key}")
-    if set(assignment.storages) != set(wanted_assignment.storages):
+    if set(assignment.storages) != wanted_storages:
         diffs.append(
             f"storage nodes are {','.join(sorted(assignment.storages))}, requested "
-            f"{','.join(sorted(wanted_assignment.storages))}"
+            f"{','.join(sorted(wanted_storages))}"
         )
     if diffs:
         raise ClusterError(
