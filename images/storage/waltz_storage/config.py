@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from waltz_client.cluster.metadata import validate_storage_address
 from waltz_client.partition_ranges import parse_partition_ranges
 
 ENV_PREFIX = "WALTZ_STORAGE_"
@@ -112,9 +113,34 @@ REQUIRED = object()
 
 SETTINGS = [
     Setting("directory", _text, REQUIRED, "storage directory (control file, partition dirs)"),
-    Setting("cluster_key", _uuid, REQUIRED, "cluster key UUID written by CreateCluster"),
-    Setting("num_partitions", _int_in(1, 1_000_000), REQUIRED, "partitions in the cluster"),
-    Setting("partitions", _text, "all", "partitions this node holds, e.g. 0-6,9 or all"),
+    Setting(
+        "zookeeper",
+        str,
+        "",
+        "ZooKeeper connect string: read key, partition count and "
+        "this node's partitions from the cluster's metadata, and follow its changes",
+    ),
+    Setting("zk_root", _text, "/waltz", "the cluster's root znode (with zookeeper)"),
+    Setting(
+        "advertised_address",
+        str,
+        "",
+        "host:port this node has in the replica assignment "
+        "(with zookeeper; default <hostname>:<bound port>)",
+    ),
+    Setting("cluster_key", _uuid, None, "cluster key UUID (without zookeeper: required)"),
+    Setting(
+        "num_partitions",
+        _int_in(1, 1_000_000),
+        None,
+        "partitions in the cluster (without zookeeper: required)",
+    ),
+    Setting(
+        "partitions",
+        _text,
+        "all",
+        "partitions this node holds, e.g. 0-6,9 or all (without zookeeper)",
+    ),
     Setting("host", _text, "0.0.0.0", "address to listen on"),
     Setting("port", _int_in(0, 65535), 55280, "protocol port (0: any free port)"),
     Setting("http_port", _int_in(0, 65535), 55281, "health and metrics port (0: any free port)"),
@@ -147,9 +173,12 @@ BY_NAME = {s.name: s for s in SETTINGS}
 @dataclass(frozen=True)
 class StorageConfig:
     directory: str
-    cluster_key: uuid.UUID
-    num_partitions: int
-    partitions: frozenset[int]
+    zookeeper: str
+    zk_root: str
+    advertised_address: str
+    cluster_key: uuid.UUID | None  # from ZooKeeper when None
+    num_partitions: int | None
+    partitions: frozenset[int] | None
     host: str
     port: int
     http_port: int
@@ -175,7 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", metavar="FILE", help="TOML file of settings")
     for s in SETTINGS:
-        default = "required" if s.default is REQUIRED else f"default {s.default}"
+        default = (
+            "required"
+            if s.default is REQUIRED
+            else "no default"
+            if s.default is None
+            else f"default {s.default}"
+        )
         parser.add_argument(
             s.flag, dest=s.name, metavar=s.name.upper(), help=f"{s.help} ({default}; env {s.env})"
         )
@@ -186,7 +221,7 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> StorageCo
     args = build_parser().parse_args(argv)
     raw: dict[str, tuple[Any, str]] = {}
     for s in SETTINGS:
-        if s.default is not REQUIRED:
+        if s.default is not REQUIRED and s.default is not None:
             raw[s.name] = (s.default, "default")
     if args.config:
         try:
@@ -210,6 +245,9 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> StorageCo
             raw[s.name] = (value, s.flag)
     values: dict[str, Any] = {}
     for s in SETTINGS:
+        if s.name not in raw and s.default is None:
+            values[s.name] = None
+            continue
         if s.name not in raw:
             raise ConfigError(
                 f"setting {s.name} is required: set {s.flag}, ${s.env} or "
@@ -220,11 +258,31 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> StorageCo
             values[s.name] = s.parse(value)
         except ValueError as e:
             raise ConfigError(f"setting {s.name} (from {source}): {e}") from None
-    try:
-        partitions = parse_partition_ranges(values["partitions"], values["num_partitions"])
-    except ValueError as e:
-        raise ConfigError(f"setting partitions (from {raw['partitions'][1]}): {e}") from None
-    values["partitions"] = frozenset(partitions)
+    if values["zookeeper"]:
+        if raw["partitions"][1] != "default":
+            raise ConfigError(
+                f"setting partitions (from {raw['partitions'][1]}): with zookeeper set, this "
+                f"node's partitions come from the cluster's replica assignment"
+            )
+        values["partitions"] = None
+        if values["advertised_address"]:
+            try:
+                validate_storage_address(values["advertised_address"])
+            except ValueError as e:
+                raise ConfigError(f"setting advertised_address: {e}") from None
+    else:
+        for name in ("cluster_key", "num_partitions"):
+            if values[name] is None:
+                s = BY_NAME[name]
+                raise ConfigError(
+                    f"setting {name} is required without zookeeper: set {s.flag}, ${s.env} or "
+                    f"'{name}' in the --config file (or set zookeeper to read it from there)"
+                )
+        try:
+            partitions = parse_partition_ranges(values["partitions"], values["num_partitions"])
+        except ValueError as e:
+            raise ConfigError(f"setting partitions (from {raw['partitions'][1]}): {e}") from None
+        values["partitions"] = frozenset(partitions)
     if values["max_frame_bytes"] > 2**32 - 1:
         raise ConfigError("setting max_frame_bytes: must fit the 32-bit frame length")
     return StorageConfig(**values)

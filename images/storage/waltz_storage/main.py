@@ -9,9 +9,11 @@ import os
 import signal
 import sys
 
+from waltz_client.cluster.metadata import ReplicaAssignment
 from waltz_client.partition_ranges import format_partition_ranges
 
 from .config import ConfigError, StorageConfig, load_config
+from .coordination import ClusterFollower, default_advertised_address, partitions_of, plan_change
 from .errors import ControlFileError
 from .http import start_http
 from .server import ServerSettings, StorageServer
@@ -25,6 +27,11 @@ def _write_ready_file(path: str, info: dict) -> None:
     with open(tmp, "w") as f:
         json.dump(info, f)
     os.replace(tmp, path)
+
+
+def _error(message: str) -> int:
+    print(f"waltz-storage: error: {message}", file=sys.stderr)
+    return 2
 
 
 async def serve(config: StorageConfig) -> int:
@@ -42,45 +49,65 @@ async def serve(config: StorageConfig) -> int:
         max_torn_bytes=(config.write_group_max_bytes + config.max_frame_bytes) * 10 // 9 + 1,
     )
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    follower: ClusterFollower | None = None
+    key, num_partitions = config.cluster_key, config.num_partitions
+    if config.zookeeper:
+        follower = ClusterFollower(config.zookeeper, config.zk_root)
+        log.info("reading cluster %s from ZooKeeper %s", config.zk_root, config.zookeeper)
+        await follower.connect()
+        params = await follower.wait_for_cluster()
+        if key is not None and key != params.key:
+            await follower.close()
+            return _error(
+                f"setting cluster_key {str(key)[:8]}... differs from the key of the cluster at "
+                f"{config.zk_root}, {str(params.key)[:8]}..."
+            )
+        key, num_partitions = params.key, params.num_partitions
+    assert key is not None and num_partitions is not None
     try:
         node = await loop.run_in_executor(
             None,
             lambda: StorageNode.open(
-                config.directory,
-                config.cluster_key,
-                config.num_partitions,
-                set(config.partitions),
-                engine_settings,
+                config.directory, key, num_partitions, set(config.partitions or ()), engine_settings
             ),
         )
     except ControlFileError as e:
-        print(f"waltz-storage: error: {e}", file=sys.stderr)
-        return 2
+        if follower:
+            await follower.close()
+        return _error(str(e))
     except OSError as e:
-        print(
-            f"waltz-storage: error: setting directory ({config.directory}): cannot use it as "
-            f"the storage directory: {e.strerror or e}",
-            file=sys.stderr,
+        if follower:
+            await follower.close()
+        return _error(
+            f"setting directory ({config.directory}): cannot use it as the storage "
+            f"directory: {e.strerror or e}"
         )
-        return 2
     server = StorageServer(node, server_settings)
     try:
         port = await server.start(config.host, config.port)
         runner, http_port = await start_http(server, config.host, config.http_port)
     except OSError as e:
-        print(
-            f"waltz-storage: error: cannot listen on {config.host}: {e.strerror}", file=sys.stderr
-        )
         await server.close()
         node.close()
-        return 2
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        if follower:
+            await follower.close()
+        return _error(f"cannot listen on {config.host}: {e.strerror}")
+
+    advertised = ""
+    if follower is not None:
+        advertised = config.advertised_address or default_advertised_address(config.host, port)
+        first_assignment = asyncio.Event()
+        apply = AssignmentApplier(node, server, advertised)
+        follower.watch_assignment(lambda a: apply.submit(a, first_assignment))
+        await first_assignment.wait()
     log.info(
         "storage node serving partitions %s of cluster %s on %s:%d (http %d), dir %s",
-        format_partition_ranges(config.partitions),
-        config.cluster_key,
+        format_partition_ranges(set(node.partitions)) or "none",
+        key,
         config.host,
         port,
         http_port,
@@ -88,14 +115,67 @@ async def serve(config: StorageConfig) -> int:
     )
     if config.ready_file:
         _write_ready_file(
-            config.ready_file, {"pid": os.getpid(), "port": port, "http_port": http_port}
+            config.ready_file,
+            {
+                "pid": os.getpid(),
+                "port": port,
+                "http_port": http_port,
+                "advertised_address": advertised,
+            },
         )
     await stop.wait()
     log.info("stopping")
+    if follower is not None:
+        await follower.close()
     await runner.cleanup()
     await server.close()
     node.close()
     return 0
+
+
+class AssignmentApplier:
+    """Opens and closes partitions as the replica assignment changes, one change at a time."""
+
+    def __init__(self, node: StorageNode, server: StorageServer, address: str) -> None:
+        self._node = node
+        self._server = server
+        self._address = address
+        self._latest: ReplicaAssignment | None = None
+        self._task: asyncio.Task | None = None
+
+    def submit(self, assignment: ReplicaAssignment, applied: asyncio.Event) -> None:
+        self._latest = assignment
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._apply(applied))
+
+    async def _apply(self, applied: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        while self._latest is not None:
+            assignment, self._latest = self._latest, None
+            if self._address not in assignment.storages:
+                log.warning(
+                    "%s is not in the cluster's replica assignment (nodes: %s); "
+                    "holding no partitions",
+                    self._address,
+                    ", ".join(sorted(assignment.storages)) or "none",
+                )
+            to_open, to_close = plan_change(
+                set(self._node.partitions), partitions_of(assignment, self._address)
+            )
+            for p in to_open:
+                await loop.run_in_executor(None, self._node.add_partition, p)
+                self._server.add_partition(p)
+            for p in to_close:
+                await self._server.remove_partition(p)
+                await loop.run_in_executor(None, self._node.remove_partition, p)
+            if to_open or to_close:
+                log.info(
+                    "replica assignment changed: opened %s, closed %s; holding %s",
+                    format_partition_ranges(to_open) or "none",
+                    format_partition_ranges(to_close) or "none",
+                    format_partition_ranges(set(self._node.partitions)) or "none",
+                )
+            applied.set()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,6 +64,7 @@ class PartitionWorker:
             collections.deque()
         )
         self._wakeup = asyncio.Event()
+        self._stopping = False
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def put(self, conn: StorageConnection, request: StorageMessage, size: int) -> None:
@@ -75,6 +76,8 @@ class PartitionWorker:
         queue = self._queue
         while True:
             if not queue:
+                if self._stopping:
+                    return
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -111,6 +114,12 @@ class PartitionWorker:
                         type(response).__name__,
                         conn.peer,
                     )
+
+    async def drain_and_stop(self) -> None:
+        """Answer what is queued (and the batch on its thread), then stop."""
+        self._stopping = True
+        self._wakeup.set()
+        await self._task
 
     async def close(self) -> None:
         self._task.cancel()
@@ -297,6 +306,21 @@ class StorageServer:
             lambda: StorageConnection(self), host, port, reuse_address=True
         )
         return self._server.sockets[0].getsockname()[1]
+
+    def add_partition(self, partition_id: int) -> None:
+        """Serve a partition the node has just opened."""
+        if partition_id not in self.workers:
+            self.workers[partition_id] = PartitionWorker(
+                self.node.partitions[partition_id],
+                self._executor,
+                self.settings.write_group_max_bytes,
+            )
+
+    async def remove_partition(self, partition_id: int) -> None:
+        """Stop serving a partition: new requests get PARTITION_NOT_FOUND, queued ones finish."""
+        worker = self.workers.pop(partition_id, None)
+        if worker is not None:
+            await worker.drain_and_stop()
 
     async def close(self) -> None:
         if self._server is not None:

@@ -299,7 +299,9 @@ class StorageNode:
         control: ControlFile,
         services: dict[int, PartitionService],
         metrics: StorageMetrics,
+        settings: EngineSettings | None = None,
     ) -> None:
+        self.settings = settings or EngineSettings()
         self.directory = directory
         self.control = control
         self.partitions = services
@@ -371,7 +373,7 @@ class StorageNode:
             p: cls._open_partition(directory, control, p, settings, metrics)
             for p in sorted(partitions)
         }
-        node = cls(directory, control, services, metrics)
+        node = cls(directory, control, services, metrics, settings)
         metrics.watch_partitions(lambda: list(node.partitions.values()))
         return node
 
@@ -404,6 +406,28 @@ class StorageNode:
             info.low_water_mark,
         )
         return PartitionService(partition_id, control, settings, metrics, plog, info)
+
+    def add_partition(self, partition_id: int) -> PartitionService:
+        """Open (creating if new) a partition newly assigned to this node."""
+        if not 0 <= partition_id < self.num_partitions:
+            raise ControlFileError(
+                f"partition {partition_id} is outside 0..{self.num_partitions - 1}"
+            )
+        existing = self.partitions.get(partition_id)
+        if existing is not None:
+            return existing
+        svc = self._open_partition(
+            self.directory, self.control, partition_id, self.settings, self.metrics
+        )
+        self.partitions = {**self.partitions, partition_id: svc}
+        return svc
+
+    def remove_partition(self, partition_id: int) -> None:
+        """Stop holding a partition (its files stay on disk)."""
+        svc = self.partitions.get(partition_id)
+        if svc is not None:
+            self.partitions = {p: s for p, s in self.partitions.items() if p != partition_id}
+            svc.close()
 
     def check_open(self, request: OpenRequest) -> StorageMessage:
         """The answer to a connection's Open request: cluster key and partition count must match."""
