@@ -12,9 +12,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,local]'
 	touch $(STAMP)
 
-## run: start a storage node on the embedded local default (Ctrl-C stops it)
+## run: a local cluster (embedded ZooKeeper, 3 storage nodes, CreateCluster); Ctrl-C stops it
 run: $(STAMP)
-	$(VENV)/bin/waltz-storage --config examples/storage-local.toml
+	$(VENV)/bin/waltz local up
 
 ## test: lint, then the whole test suite
 test: $(STAMP)

@@ -46,3 +46,9 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedZooK
 def zk_root() -> str:
     """A fresh chroot path, e.g. ``/waltz-test-<hex>``, not yet created on the server."""
     return f"/waltz-test-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def zookeeper_available() -> None:
+    """For tests that start their own ZooKeeper: skip unless Java and the jars are here."""
+    require_zookeeper()

@@ -1,0 +1,71 @@
+"""``waltz local up``: a whole cluster on this machine, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from waltz_client.cluster.zk import ClusterError
+
+from .cluster import LocalCluster, LocalClusterError
+from .processes import ProcessFailed
+from .zookeeper import ZooKeeperUnavailable
+
+
+def register(groups: argparse._SubParsersAction) -> None:
+    local = groups.add_parser("local", help="a local cluster for development and tests")
+    cmds = local.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = cmds.add_parser("up", help="start ZooKeeper and storage nodes; Ctrl-C stops them")
+    p.add_argument(
+        "--data-dir",
+        default=".waltz-local/cluster",
+        help="state directory, kept across runs (default .waltz-local/cluster)",
+    )
+    p.add_argument("--storages", type=int, default=3, help="storage nodes (default 3)")
+    p.add_argument("--partitions", type=int, default=4, help="partitions (default 4)")
+    p.add_argument("--replicas", type=int, default=3, help="replicas (default 3)")
+    p.add_argument("--name", default="local", help="cluster name (default local)")
+    p.set_defaults(func=cmd_up)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    def say(message: str) -> None:
+        print(f"[waltz local] {message}", flush=True)
+
+    try:
+        cluster = LocalCluster(
+            args.data_dir,
+            storages=args.storages,
+            partitions=args.partitions,
+            replicas=args.replicas,
+            name=args.name,
+        )
+        cluster.start(say)
+    except (LocalClusterError, ZooKeeperUnavailable, ProcessFailed, ClusterError) as e:
+        print(f"waltz local: error: {e}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    say(f"ready. ZooKeeper: {cluster.zookeeper_connect}, cluster root {cluster.layout.root}")
+    say(f"  waltz cluster show -z {cluster.zookeeper_connect} --root {cluster.layout.root}")
+    say(f"  data and logs in {cluster.data_dir}; Ctrl-C stops everything")
+    try:
+        while not done.wait(1.0):
+            for proc in cluster.storages:
+                if not proc.running:
+                    say(
+                        f"{proc.name} exited ({proc.proc.returncode if proc.proc else '?'}); "
+                        f"restarting. Log: {proc.log_path}"
+                    )
+                    try:
+                        proc.start()
+                    except ProcessFailed as e:
+                        say(str(e))
+    finally:
+        say("stopping")
+        cluster.stop()
+        say("stopped")
+    return 0

@@ -1,0 +1,191 @@
+"""A whole Waltz cluster on localhost: embedded ZooKeeper, storage processes, CreateCluster.
+
+State lives in one data directory and survives a restart: ``local.json``
+records the ports chosen on the first start (the replica assignment names
+storage nodes by ``host:port``, so they must not change), ZooKeeper keeps its
+data in ``zookeeper/`` and each storage node in ``storage-<i>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+from dataclasses import asdict, dataclass
+
+from waltz_client.cluster.admin import CreateResult, create_cluster
+from waltz_client.cluster.zk import close, connect
+
+from .processes import DaemonProcess
+from .zookeeper import EmbeddedZooKeeper
+
+log = logging.getLogger(__name__)
+HOST = "127.0.0.1"
+STATE_FILE = "local.json"
+
+
+class LocalClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class LocalLayout:
+    """What a data directory was created with; later starts must agree."""
+
+    name: str
+    root: str
+    partitions: int
+    replicas: int
+    zookeeper_port: int
+    storage_ports: list[tuple[int, int]]  # (protocol, http) per storage node
+
+    @property
+    def storage_addresses(self) -> list[str]:
+        return [f"{HOST}:{port}" for port, _ in self.storage_ports]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        storages: int = 3,
+        partitions: int = 4,
+        replicas: int = 3,
+        name: str = "local",
+        root: str = "/waltz",
+        storage_args: list[str] | None = None,
+    ) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        self.storage_args = storage_args or []
+        self.layout = self._load_or_plan(storages, partitions, replicas, name, root)
+        self.zookeeper = EmbeddedZooKeeper(
+            os.path.join(self.data_dir, "zookeeper"), port=self.layout.zookeeper_port, host=HOST
+        )
+        self.storages = [self._storage_process(i) for i in range(len(self.layout.storage_ports))]
+        self.created: CreateResult | None = None
+
+    def _load_or_plan(
+        self, storages: int, partitions: int, replicas: int, name: str, root: str
+    ) -> LocalLayout:
+        path = os.path.join(self.data_dir, STATE_FILE)
+        if os.path.exists(path):
+            with open(path) as f:
+                doc = json.load(f)
+            layout = LocalLayout(
+                **{**doc, "storage_ports": [tuple(p) for p in doc["storage_ports"]]}
+            )
+            wanted = (name, root, partitions, replicas, storages)
+            have = (
+                layout.name,
+                layout.root,
+                layout.partitions,
+                layout.replicas,
+                len(layout.storage_ports),
+            )
+            if wanted != have:
+                raise LocalClusterError(
+                    f"{self.data_dir} holds a local cluster made with name, root, partitions, "
+                    f"replicas, storages = {have}, not {wanted}; use those settings or "
+                    f"another --data-dir"
+                )
+            return layout
+        if not 1 <= replicas <= storages:
+            raise LocalClusterError(f"{replicas} replicas need 1..{storages} storage nodes")
+        layout = LocalLayout(
+            name,
+            root,
+            partitions,
+            replicas,
+            _free_port(),
+            [(_free_port(), _free_port()) for _ in range(storages)],
+        )
+        os.makedirs(self.data_dir, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(asdict(layout), f, indent=2)
+        return layout
+
+    def _storage_process(self, i: int) -> DaemonProcess:
+        port, http_port = self.layout.storage_ports[i]
+        directory = os.path.join(self.data_dir, f"storage-{i}")
+        command = [
+            sys.executable,
+            "-m",
+            "waltz_storage.main",
+            "--directory",
+            directory,
+            "--zookeeper",
+            self.zookeeper_connect,
+            "--zk-root",
+            self.layout.root,
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+            "--ready-file",
+            os.path.join(self.data_dir, f"storage-{i}.ready"),
+            *self.storage_args,
+        ]
+        return DaemonProcess(
+            f"storage-{i}",
+            command,
+            os.path.join(self.data_dir, f"storage-{i}.ready"),
+            os.path.join(self.data_dir, f"storage-{i}.log"),
+        )
+
+    @property
+    def zookeeper_connect(self) -> str:
+        return f"{HOST}:{self.layout.zookeeper_port}"
+
+    def start(self, progress=lambda message: None) -> None:
+        try:
+            progress(f"starting ZooKeeper on {self.zookeeper_connect}")
+            self.zookeeper.start()
+            zk = connect(self.zookeeper_connect)
+            try:
+                self.created = create_cluster(
+                    zk,
+                    self.layout.root,
+                    self.layout.name,
+                    self.layout.partitions,
+                    self.layout.replicas,
+                    self.layout.storage_addresses,
+                )
+            finally:
+                close(zk)
+            verb = "created" if self.created.created else "found"
+            progress(
+                f"{verb} cluster {self.layout.name!r} at {self.layout.root}: "
+                f"{self.layout.partitions} partitions x {self.layout.replicas} replicas"
+            )
+            for proc in self.storages:
+                proc.start()
+                progress(
+                    f"{proc.name} serving on {HOST}:{proc.ready['port']} "
+                    f"(http {proc.ready['http_port']})"
+                )
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for proc in self.storages:
+            proc.stop()
+        self.zookeeper.stop()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
