@@ -15,6 +15,7 @@ import random
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Awaitable
 from pathlib import Path
@@ -431,3 +432,111 @@ def test_partition_with_both_control_structs_corrupt_is_unavailable(storage_node
     assert result.returncode == 1, result.stdout + result.stderr
     assert "partition 1 slot 0: CHECKSUM MISMATCH" in result.stdout
     assert "partition 1 slot 1: CHECKSUM MISMATCH" in result.stdout
+
+
+# --- reading the cluster from ZooKeeper --------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_zookeeper_mode_rejects_explicit_partitions_and_bad_addresses(tmp_path: Path) -> None:
+    base = ["--directory", str(tmp_path / "d"), "--zookeeper", "127.0.0.1:1"]
+    assert_setting_error(run_daemon([*base, "--partitions", "0-1"]), "partitions", "zookeeper")
+    assert_setting_error(
+        run_daemon([*base, "--advertised-address", "nohost"]), "advertised_address"
+    )
+    # Without ZooKeeper the key and the partition count are required, and say so.
+    line = assert_setting_error(run_daemon(["--directory", str(tmp_path / "d")]), "cluster_key")
+    assert "zookeeper" in line
+
+
+def test_zookeeper_mode_waits_for_the_cluster_then_serves_its_partitions(
+    tmp_path: Path, zookeeper, zk_root: str
+) -> None:
+    from waltz_client.cluster.admin import create_cluster
+    from waltz_client.cluster.zk import close, connect
+    from waltz_client.wire.storage_client import StorageClient
+
+    port = free_port()
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "waltz_storage.main",
+            "--directory",
+            str(tmp_path / "d"),
+            "--zookeeper",
+            zookeeper.connect_string,
+            "--zk-root",
+            zk_root,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--http-port",
+            "0",
+            "--ready-file",
+            str(ready),
+        ],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None and not ready.exists()  # waiting for CreateCluster
+        zk = connect(zookeeper.connect_string)
+        try:
+            created = create_cluster(zk, zk_root, "t", 3, 1, [f"127.0.0.1:{port}"])
+        finally:
+            close(zk)
+        end = time.monotonic() + 20
+        while not ready.exists():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < end, "never became ready"
+            time.sleep(0.05)
+
+        async def check() -> list[int]:
+            async with await StorageClient.connect("127.0.0.1", port) as client:
+                await client.open(created.params.key, 3)
+                return [await client.max_transaction_id(1, p) for p in range(3)]
+
+        assert run(check()) == [-1, -1, -1]
+        assert json.loads(ready.read_text())["advertised_address"] == f"127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_zookeeper_mode_refuses_a_different_configured_key(
+    tmp_path: Path, zookeeper, zk_root: str
+) -> None:
+    from waltz_client.cluster.admin import create_cluster
+    from waltz_client.cluster.zk import close, connect
+
+    zk = connect(zookeeper.connect_string)
+    try:
+        create_cluster(zk, zk_root, "t", 2, 1, ["127.0.0.1:9"])
+    finally:
+        close(zk)
+    result = run_daemon(
+        [
+            "--directory",
+            str(tmp_path / "d"),
+            "--zookeeper",
+            zookeeper.connect_string,
+            "--zk-root",
+            zk_root,
+            "--cluster-key",
+            KEY,
+            "--log-level",
+            "ERROR",
+        ]
+    )
+    assert_setting_error(result, "cluster_key", KEY[:8])
