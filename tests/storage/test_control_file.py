@@ -20,11 +20,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from waltz_storage import admin
-from waltz_storage.control_file import CONTROL_FILE_NAME, ControlFile, PartitionInfo
-from waltz_storage.errors import ControlFileError
-from waltz_storage.inspect import read_control_file
-from waltz_storage.service import EngineSettings, StorageNode
 
 from waltz_client.wire.records import Record, RecordBatch, ReqId
 from waltz_client.wire.storage_messages import (
@@ -38,6 +33,11 @@ from waltz_client.wire.storage_messages import (
     StorageError,
     SuccessResponse,
 )
+from waltz_storage import admin
+from waltz_storage.control_file import CONTROL_FILE_NAME, ControlFile, PartitionInfo
+from waltz_storage.errors import ControlFileError
+from waltz_storage.inspect import read_control_file
+from waltz_storage.service import EngineSettings, StorageNode
 
 KEY = uuid.UUID("0badc0de-1234-4abc-8def-0123456789ab")
 OTHER_KEY = uuid.UUID("feedbeef-9999-4abc-8def-ba9876543210")

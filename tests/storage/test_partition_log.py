@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from waltz_client.wire.records import Record, RecordBatch, RecordHeader, ReqId
 from waltz_storage.errors import NonContiguousAppend, TransactionNotFound, TruncateRefused
 from waltz_storage.inspect import verify_segment
 from waltz_storage.partition import PartitionLog
-
-from waltz_client.wire.records import Record, RecordBatch, RecordHeader, ReqId
 
 KEY = uuid.UUID("a1b2c3d4-0000-4000-8000-0000000000aa")
 PARTITION = 1

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from waltz_client.wire.records import Record, RecordBatch, ReqId
 from waltz_storage import admin
 from waltz_storage import segment as segmod
 from waltz_storage.errors import CorruptSegment
 from waltz_storage.inspect import read_records, verify_segment
 from waltz_storage.partition import PartitionLog
-
-from waltz_client.wire.records import Record, RecordBatch, ReqId
 
 KEY = uuid.UUID("5eed5eed-0000-4000-8000-00000000c0de")
 OTHER_KEY = uuid.UUID("0ddba11d-0000-4000-8000-000000000000")

@@ -10,9 +10,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from waltz_storage.control_file import ControlFile
-from waltz_storage.inspect import segment_paths, verify_segment
-from waltz_storage.service import EngineSettings, PartitionService, StorageNode
 
 from waltz_client.wire.records import Record, RecordBatch, RecordHeader, ReqId
 from waltz_client.wire.storage_messages import (
@@ -36,6 +33,9 @@ from waltz_client.wire.storage_messages import (
     SuccessResponse,
     TruncateRequest,
 )
+from waltz_storage.control_file import ControlFile
+from waltz_storage.inspect import segment_paths, verify_segment
+from waltz_storage.service import EngineSettings, PartitionService, StorageNode
 
 KEY = uuid.UUID("c0ffee00-1111-4222-8333-444455556666")
 OTHER_KEY = uuid.UUID("deadbeef-1111-4222-8333-444455556666")

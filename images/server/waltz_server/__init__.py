@@ -1,0 +1,1 @@
+"""Waltz server: partition ownership, quorum replication, recovery, optimistic locks, feeds."""
