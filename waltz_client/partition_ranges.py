@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+MAX_PARTITION_ID = 1_000_000
+
 
 def parse_partition_ranges(text: str, num_partitions: int | None = None) -> set[int]:
     """Parse ``all`` or comma-separated IDs and inclusive ranges; ValueError says what is wrong."""
@@ -23,6 +25,8 @@ def parse_partition_ranges(text: str, num_partitions: int | None = None) -> set[
             raise ValueError(f"{part!r} is not a partition ID or a range like 0-6") from None
         if low < 0 or high < low:
             raise ValueError(f"{part!r} is not a valid range (IDs are >= 0, low <= high)")
+        if num_partitions is None and high >= MAX_PARTITION_ID:
+            raise ValueError(f"partition {high} is beyond the largest ID {MAX_PARTITION_ID - 1}")
         if num_partitions is not None and high >= num_partitions:
             raise ValueError(f"partition {high} is outside 0..{num_partitions - 1}")
         result.update(range(low, high + 1))

@@ -13,7 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
 
 from waltz_client.partition_ranges import format_partition_ranges
 
@@ -129,10 +135,36 @@ def create_cluster(
             paths.ownership, Ownership({p: (None, 0) for p in range(num_partitions)}).encode()
         )
         txn.create(paths.client_ids, b"")
-        results = txn.commit()
+        try:
+            results = txn.commit()
+        except ConnectionLoss:
+            raise ClusterError(
+                f"creating the cluster at {paths.root} failed: ZooKeeper dropped the connection "
+                f"(a transaction of {num_partitions} partitions may exceed its request size "
+                f"limit, jute.maxbuffer)"
+            ) from None
         failures = [r for r in results if isinstance(r, Exception)]
         if not failures:
             return CreateResult(True, params, assignment)
+        if not zk.exists(paths.cluster):
+            in_the_way = [
+                path
+                for path in (
+                    paths.store,
+                    paths.assignment,
+                    paths.partitions,
+                    paths.servers,
+                    paths.ownership,
+                    paths.client_ids,
+                    *(paths.partition(p) for p in range(num_partitions)),
+                )
+                if zk.exists(path)
+            ]
+            if in_the_way:
+                raise ClusterError(
+                    f"cannot create the cluster at {paths.root}: {', '.join(in_the_way[:5])} "
+                    f"already exist without a cluster node (leftovers? nothing was changed)"
+                )
         if not any(isinstance(r, NodeExistsError) for r in failures):
             raise ClusterError(f"creating the cluster at {paths.root} failed: {failures[0]!r}")
         # Someone created nodes concurrently: compare with what is there now.

@@ -37,7 +37,8 @@ def _load(kind: str, data: bytes) -> dict[str, Any]:
         raise MetadataError(f"{kind}: expected a JSON object")
     if doc.get("kind") != kind:
         raise MetadataError(f"{kind}: the node holds {doc.get('kind')!r} metadata")
-    if doc.get("version") != CODEC_VERSION:
+    version = doc.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version != CODEC_VERSION:
         raise MetadataError(
             f"{kind}: codec version {doc.get('version')!r} is not supported "
             f"(this build reads {CODEC_VERSION})"
@@ -100,10 +101,11 @@ class ClusterParams:
     @classmethod
     def decode(cls, data: bytes) -> ClusterParams:
         doc = _load(cls.KIND, data)
+        raw_key = _field(cls.KIND, doc, "key", str)
         try:
-            key = uuid.UUID(_field(cls.KIND, doc, "key", str))
+            key = uuid.UUID(raw_key)
         except ValueError:
-            raise MetadataError(f"cluster: field 'key' is not a UUID: {doc['key']!r}") from None
+            raise MetadataError(f"cluster: field 'key' is not a UUID: {raw_key!r}") from None
         return cls(
             _field(cls.KIND, doc, "name", str),
             key,
@@ -288,7 +290,7 @@ class Ownership:
         doc = _load(cls.KIND, data)
         out: dict[int, tuple[str | None, int]] = {}
         for p, entry in _field(cls.KIND, doc, "partitions", dict).items():
-            if not p.isdigit() or not isinstance(entry, dict):
+            if not (p.isascii() and p.isdigit()) or not isinstance(entry, dict):
                 raise MetadataError(f"{cls.KIND}: bad entry {p!r}")
             server = entry.get("server")
             if server is not None and not isinstance(server, str):

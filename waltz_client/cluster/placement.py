@@ -23,7 +23,7 @@ def assign_replicas(
     num_replicas: int,
     groups: dict[str, int] | None = None,
 ) -> ReplicaAssignment:
-    """Partition p goes to ``num_replicas`` consecutive nodes of the ring, starting at p.
+    """Partition p goes to ``num_replicas`` consecutive ring nodes from p * num_replicas.
 
     Every node gets the same number of replicas (within one), and with groups
     (failure domains) a partition's replicas land in distinct groups whenever
@@ -46,7 +46,7 @@ def assign_replicas(
     held: dict[str, set[int]] = {s: set() for s in storages}
     for p in range(num_partitions):
         for k in range(num_replicas):
-            held[ring[(p + k) % len(ring)]].add(p)
+            held[ring[(p * num_replicas + k) % len(ring)]].add(p)
     return ReplicaAssignment(
         {s: frozenset(ps) for s, ps in held.items()}, {s: groups.get(s, 0) for s in storages}
     )

@@ -18,12 +18,15 @@ def connect(connect_string: str, timeout: float = 15.0, read_only: bool = False)
     """A started KazooClient, or ClusterError naming the ensemble that did not answer."""
     if not connect_string.strip():
         raise ClusterError("no ZooKeeper connect string (host:port[,host:port...][/chroot])")
-    zk = KazooClient(
-        hosts=connect_string,
-        timeout=timeout,
-        read_only=read_only,
-        logger=logging.getLogger("kazoo.client"),
-    )
+    try:
+        zk = KazooClient(
+            hosts=connect_string,
+            timeout=timeout,
+            read_only=read_only,
+            logger=logging.getLogger("kazoo.client"),
+        )
+    except ValueError as e:
+        raise ClusterError(f"bad ZooKeeper connect string {connect_string!r}: {e}") from None
     try:
         zk.start(timeout=timeout)
     except KazooTimeoutError:
