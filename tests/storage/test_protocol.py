@@ -502,7 +502,7 @@ def test_malformed_frame_closes_only_that_connection(storage_node, case):
 
 
 HANDSHAKES = {
-    "bad_magic": (b"XXXX" + Hello(Service.STORAGE, 1, 1).encode()[4:], None),
+    "bad_magic": (b"NOPE" + Hello(Service.STORAGE, 1, 1).encode()[4:], None),
     "wrong_service": (Hello(Service.SERVER, 1, 1).encode(), HandshakeStatus.WRONG_SERVICE),
     "unsupported_version": (
         Hello(Service.STORAGE, 50, 60).encode(),
