@@ -171,59 +171,53 @@ class AppendRequest(StorageMessage):
 
 
 @dataclass(frozen=True, slots=True)
-class RecordHeaderRequest(StorageMessage):
+class _ReadOneRequest(StorageMessage):
+    """A read of one transaction (the Record Header and Record requests share this layout)."""
+
+    transaction_id: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, r.i64(f"{cls.__name__}.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeaderRequest(_ReadOneRequest):
     TYPE = StorageMessageType.RECORD_HEADER_REQUEST
-    transaction_id: int = 0
-
-    def _body(self) -> bytes:
-        return _I64.pack(self.transaction_id)
-
-    @classmethod
-    def _read_body(cls, r, head, limits):
-        return cls(*head, r.i64("RecordHeaderRequest.transaction_id"))
 
 
 @dataclass(frozen=True, slots=True)
-class RecordRequest(StorageMessage):
+class RecordRequest(_ReadOneRequest):
     TYPE = StorageMessageType.RECORD_REQUEST
-    transaction_id: int = 0
-
-    def _body(self) -> bytes:
-        return _I64.pack(self.transaction_id)
-
-    @classmethod
-    def _read_body(cls, r, head, limits):
-        return cls(*head, r.i64("RecordRequest.transaction_id"))
 
 
 @dataclass(frozen=True, slots=True)
-class RecordHeaderListRequest(StorageMessage):
+class _ReadListRequest(StorageMessage):
+    """A read of up to ``max_records`` transactions from ``transaction_id``."""
+
+    transaction_id: int = 0
+    max_records: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id) + _I32.pack(self.max_records)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        txid = r.i64(f"{cls.__name__}.transaction_id")
+        return cls(*head, txid, r.count(f"{cls.__name__}.max_records", 2**31 - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeaderListRequest(_ReadListRequest):
     TYPE = StorageMessageType.RECORD_HEADER_LIST_REQUEST
-    transaction_id: int = 0
-    max_records: int = 0
-
-    def _body(self) -> bytes:
-        return _I64.pack(self.transaction_id) + _I32.pack(self.max_records)
-
-    @classmethod
-    def _read_body(cls, r, head, limits):
-        txid = r.i64("RecordHeaderListRequest.transaction_id")
-        return cls(*head, txid, r.count("RecordHeaderListRequest.max_records", 2**31 - 1))
 
 
 @dataclass(frozen=True, slots=True)
-class RecordListRequest(StorageMessage):
+class RecordListRequest(_ReadListRequest):
     TYPE = StorageMessageType.RECORD_LIST_REQUEST
-    transaction_id: int = 0
-    max_records: int = 0
-
-    def _body(self) -> bytes:
-        return _I64.pack(self.transaction_id) + _I32.pack(self.max_records)
-
-    @classmethod
-    def _read_body(cls, r, head, limits):
-        txid = r.i64("RecordListRequest.transaction_id")
-        return cls(*head, txid, r.count("RecordListRequest.max_records", 2**31 - 1))
 
 
 # --- responses ------------------------------------------------------------------------
