@@ -1,0 +1,214 @@
+"""Daemon settings from defaults, a TOML file, the environment and flags (in that order).
+
+Each setting is named once; the file key, the variable ``<PREFIX><NAME>`` and
+the flag ``--<name-with-dashes>`` all derive from that name. A bad or missing
+setting raises ConfigError naming the setting and where its value came from.
+Shared by the storage and server daemons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(Exception):
+    """One line naming the setting, its source and what is wrong."""
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib)\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+
+
+def parse_size(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"expected a size such as 1048576, 64MiB or 1GiB, got {value!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def int_in(low: int, high: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            n = int(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            n = None
+        if n is None or not low <= n <= high:
+            raise ValueError(f"expected an integer in {low}..{high}, got {value!r}")
+        return n
+
+    return parse
+
+
+def float_in(low: float, high: float) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        try:
+            x = float(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            x = None
+        if x is None or not low <= x <= high:
+            raise ValueError(f"expected a number in {low:g}..{high:g}, got {value!r}")
+        return x
+
+    return parse
+
+
+def size_at_least(low: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        n = parse_size(value)
+        if n < low:
+            raise ValueError(f"must be at least {low} bytes, got {n}")
+        return n
+
+    return parse
+
+
+def parse_uuid(value: Any) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise ValueError(f"expected a UUID such as {uuid.UUID(int=0)}, got {value!r}") from None
+
+
+def text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def log_level(value: Any) -> str:
+    level = str(value).upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(f"expected DEBUG, INFO, WARNING or ERROR, got {value!r}")
+    return level
+
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any  # REQUIRED, None (optional, no default) or a value parse() accepts
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit status 2, as for every bad setting
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class SettingsSchema:
+    prog: str
+    description: str
+    env_prefix: str
+    settings: tuple[Setting, ...]
+
+    def env(self, setting: Setting) -> str:
+        return self.env_prefix + setting.name.upper()
+
+    def setting(self, name: str) -> Setting:
+        for s in self.settings:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def build_parser(self) -> argparse.ArgumentParser:
+        parser = _OneLineParser(
+            prog=self.prog,
+            description=f"{self.description} Settings come from --config (TOML), then "
+            f"{self.env_prefix}<NAME> variables, then flags; later sources win.",
+        )
+        parser.add_argument("--config", metavar="FILE", help="TOML file of settings")
+        for s in self.settings:
+            if s.default is REQUIRED:
+                default = "required"
+            elif s.default is None:
+                default = "no default"
+            else:
+                default = f"default {s.default}"
+            parser.add_argument(
+                s.flag,
+                dest=s.name,
+                metavar=s.name.upper(),
+                help=f"{s.help} ({default}; env {self.env(s)})",
+            )
+        return parser
+
+    def required_message(self, name: str, extra: str = "") -> str:
+        s = self.setting(name)
+        return (
+            f"setting {name} is required{extra}: set {s.flag}, ${self.env(s)} or "
+            f"'{name}' in the --config file"
+        )
+
+    def load(
+        self, argv: list[str] | None, environ: Mapping[str, str]
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """(parsed values, where each came from); optional settings left unset are None."""
+        args = self.build_parser().parse_args(argv)
+        by_name = {s.name: s for s in self.settings}
+        raw: dict[str, tuple[Any, str]] = {}
+        for s in self.settings:
+            if s.default is not REQUIRED and s.default is not None:
+                raw[s.name] = (s.default, "default")
+        if args.config:
+            try:
+                with open(args.config, "rb") as f:
+                    doc = tomllib.load(f)
+            except OSError as e:
+                raise ConfigError(f"--config {args.config}: cannot read: {e.strerror}") from None
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"--config {args.config}: not valid TOML: {e}") from None
+            for key, value in doc.items():
+                if key not in by_name:
+                    raise ConfigError(
+                        f"{args.config}: unknown setting {key!r} (known: {', '.join(by_name)})"
+                    )
+                raw[key] = (value, args.config)
+        for s in self.settings:
+            if self.env(s) in environ:
+                raw[s.name] = (environ[self.env(s)], f"${self.env(s)}")
+            value = getattr(args, s.name)
+            if value is not None:
+                raw[s.name] = (value, s.flag)
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for s in self.settings:
+            if s.name not in raw:
+                if s.default is REQUIRED:
+                    raise ConfigError(self.required_message(s.name))
+                values[s.name] = None
+                continue
+            value, source = raw[s.name]
+            sources[s.name] = source
+            try:
+                values[s.name] = s.parse(value)
+            except ValueError as e:
+                raise ConfigError(f"setting {s.name} (from {source}): {e}") from None
+        return values, sources

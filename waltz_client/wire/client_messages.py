@@ -1,0 +1,486 @@
+"""Client <-> server messages (the spec's "Client-Server Communication").
+
+Every message starts with a ReqId (client ID, generation, partition ID,
+sequence number): the partition a message is about is its ReqId's. Type
+codes 0-12 follow the original implementation; 13-15 are additions (a bulk
+range read for batch readers, and an error response for RPCs). Feed data
+travels in batches: one frame carries many committed transaction headers.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import ClassVar
+
+from .buffers import Reader, pack_string
+from .errors import MalformedMessage, UnknownMessageType
+from .framing import encode_frame
+from .records import (
+    DEFAULT_MAX_DATA_BYTES,
+    RECORD_HEADER,
+    RecordBatch,
+    RecordHeader,
+    ReqId,
+    crc32,
+)
+
+SERVER_PROTOCOL_VERSIONS = range(1, 2)  # versions this build speaks
+
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_U8 = struct.Struct(">B")
+_APPEND_HEAD = struct.Struct(">iiiiq")  # ReqId, client high-water mark
+
+MAX_LOCKS = 1024  # lock hashes of each kind in one append
+MAX_FEED_BATCH = 65_536
+MAX_ERROR_MESSAGE_BYTES = 4096
+
+
+class ClientMessageType(IntEnum):
+    MOUNT_REQUEST = 0
+    MOUNT_RESPONSE = 1
+    APPEND_REQUEST = 2
+    FEED_REQUEST = 3
+    FEED_DATA = 4
+    FEED_SUSPENDED = 5
+    TRANSACTION_DATA_REQUEST = 6
+    TRANSACTION_DATA_RESPONSE = 7
+    FLUSH_REQUEST = 8
+    FLUSH_RESPONSE = 9
+    LOCK_FAILURE = 10
+    HIGH_WATER_MARK_REQUEST = 11
+    HIGH_WATER_MARK_RESPONSE = 12
+    READ_RANGE_REQUEST = 13
+    READ_RANGE_RESPONSE = 14
+    ERROR_RESPONSE = 15
+
+
+class MountStatus(IntEnum):
+    READY = 0
+    NOT_OWNER = 1  # this server does not own the partition: look up the owner again
+    STALE_GENERATION = 2  # the ReqId's generation is not the partition's current one
+    STALE_CONNECTION = 3  # a newer connection of this client has mounted the partition
+
+
+class ErrorCode(IntEnum):
+    NOT_OWNER = 1
+    NOT_READY = 2  # owned, but recovering
+    NOT_FOUND = 3  # no such transaction (above the high-water mark)
+    STORAGE_UNAVAILABLE = 4
+    BAD_REQUEST = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ClientMessage:
+    TYPE: ClassVar[ClientMessageType]
+
+    req_id: ReqId
+
+    @property
+    def partition_id(self) -> int:
+        return self.req_id.partition_id
+
+    def _body(self) -> bytes:
+        return b""
+
+    def encode(self) -> bytes:
+        return encode_frame(self.TYPE, self.req_id.encode() + self._body())
+
+    @classmethod
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> ClientMessage:
+        return cls(req_id)
+
+
+# --- client -> server -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MountRequest(ClientMessage):
+    """Start the feed after ``client_high_water_mark``; ``connection_seq`` orders this
+    client's connections, so a server ignores what an older one still sends."""
+
+    TYPE = ClientMessageType.MOUNT_REQUEST
+    client_high_water_mark: int = -1
+    connection_seq: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.client_high_water_mark) + _I32.pack(self.connection_seq)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        return cls(req_id, r.i64("Mount.client_high_water_mark"), r.i32("Mount.connection_seq"))
+
+
+def _pack_hashes(hashes: tuple[int, ...]) -> bytes:
+    return _I32.pack(len(hashes)) + struct.pack(f">{len(hashes)}i", *hashes)
+
+
+def _read_hashes(r: Reader, what: str) -> tuple[int, ...]:
+    n = r.count(what, MAX_LOCKS)
+    raw = r.raw(4 * n, what)
+    return struct.unpack(f">{n}i", raw)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest(ClientMessage):
+    """A transaction. Write locks are checked and taken, read locks only checked, append
+    locks only taken. The data's CRC-32 travels with it and is checked on decode."""
+
+    TYPE = ClientMessageType.APPEND_REQUEST
+    client_high_water_mark: int = -1
+    write_locks: tuple[int, ...] = ()
+    read_locks: tuple[int, ...] = ()
+    append_locks: tuple[int, ...] = ()
+    header: int = 0
+    data: bytes = b""
+
+    def _body(self) -> bytes:
+        return b"".join(
+            (
+                _I64.pack(self.client_high_water_mark),
+                _pack_hashes(self.write_locks),
+                _pack_hashes(self.read_locks),
+                _pack_hashes(self.append_locks),
+                _I32.pack(self.header),
+                _I32.pack(len(self.data)),
+                self.data,
+                struct.pack(">I", crc32(self.data)),
+            )
+        )
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        hwm = r.i64("Append.client_high_water_mark")
+        write = _read_hashes(r, "Append.write_locks")
+        read = _read_hashes(r, "Append.read_locks")
+        append = _read_hashes(r, "Append.append_locks")
+        header = r.i32("Append.header")
+        length = r.i32("Append.data length")
+        if length < 0 or length > max_data_bytes:
+            raise MalformedMessage(f"Append.data length {length} is outside 0..{max_data_bytes}")
+        data = r.raw(length, "Append.data")
+        checksum = r.u32("Append.checksum")
+        if crc32(data) != checksum:
+            raise MalformedMessage(
+                f"Append {req_id}: data CRC-32 {crc32(data):#010x} != sent {checksum:#010x}"
+            )
+        return cls(req_id, hwm, write, read, append, header, data)
+
+
+@dataclass(frozen=True, slots=True)
+class FeedRequest(ClientMessage):
+    """Stream committed transactions after ``client_high_water_mark`` (a read-only
+    subscription: unlike Mount, it waits for no pending append)."""
+
+    TYPE = ClientMessageType.FEED_REQUEST
+    client_high_water_mark: int = -1
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.client_high_water_mark)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        return cls(req_id, r.i64("Feed.client_high_water_mark"))
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDataRequest(ClientMessage):
+    TYPE = ClientMessageType.TRANSACTION_DATA_REQUEST
+    transaction_id: int = -1
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        return cls(req_id, r.i64("TransactionData.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class FlushRequest(ClientMessage):
+    TYPE = ClientMessageType.FLUSH_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class HighWaterMarkRequest(ClientMessage):
+    TYPE = ClientMessageType.HIGH_WATER_MARK_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRangeRequest(ClientMessage):
+    """Committed transactions with their data from ``from_transaction_id`` on, at most
+    ``max_records`` of them and about ``max_bytes`` of data (at least one record)."""
+
+    TYPE = ClientMessageType.READ_RANGE_REQUEST
+    from_transaction_id: int = 0
+    max_records: int = 1000
+    max_bytes: int = 4 * 1024 * 1024
+
+    def _body(self) -> bytes:
+        return struct.pack(">qii", self.from_transaction_id, self.max_records, self.max_bytes)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        start = r.i64("ReadRange.from_transaction_id")
+        count = r.i32("ReadRange.max_records")
+        size = r.i32("ReadRange.max_bytes")
+        if start < 0 or count < 1 or size < 1:
+            raise MalformedMessage(
+                f"ReadRange: from {start}, max_records {count}, max_bytes {size}: "
+                f"need from >= 0 and positive limits"
+            )
+        return cls(req_id, start, count, size)
+
+
+# --- server -> client -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MountResponse(ClientMessage):
+    TYPE = ClientMessageType.MOUNT_RESPONSE
+    status: MountStatus = MountStatus.READY
+
+    @property
+    def partition_ready(self) -> bool:
+        return self.status == MountStatus.READY
+
+    def _body(self) -> bytes:
+        return _U8.pack(self.status)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        code = r.u8("MountResponse.status")
+        try:
+            return cls(req_id, MountStatus(code))
+        except ValueError:
+            raise MalformedMessage(f"MountResponse: unknown status {code}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class FeedData(ClientMessage):
+    """Committed transaction headers in commit order; ``req_id`` is the Mount's or Feed
+    request's, each header carries the ReqId of the append that wrote it."""
+
+    TYPE = ClientMessageType.FEED_DATA
+    headers: tuple[RecordHeader, ...] = ()
+
+    def _body(self) -> bytes:
+        return _I32.pack(len(self.headers)) + b"".join(h.encode() for h in self.headers)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        n = r.count("FeedData.count", MAX_FEED_BATCH)
+        raw = r.raw(n * RECORD_HEADER.size, "FeedData.headers")
+        headers = tuple(
+            RecordHeader(t, ReqId(c, g, p, s), h)
+            for t, c, g, p, s, h in RECORD_HEADER.iter_unpack(raw)
+        )
+        return cls(req_id, headers)
+
+
+def encode_feed_data(req_id: ReqId, packed_headers: list[bytes]) -> bytes:
+    """A FeedData frame from headers already packed as RECORD_HEADER (the server's cache
+    keeps them packed, so the hot path builds no objects)."""
+    return encode_frame(
+        ClientMessageType.FEED_DATA,
+        b"".join((req_id.encode(), _I32.pack(len(packed_headers)), *packed_headers)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FeedSuspended(ClientMessage):
+    """The server stopped feeding this partition (it moved away or lost its ZooKeeper
+    session): find the owner and mount again."""
+
+    TYPE = ClientMessageType.FEED_SUSPENDED
+    reason: str = ""
+
+    def _body(self) -> bytes:
+        return pack_string(self.reason, MAX_ERROR_MESSAGE_BYTES)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        return cls(req_id, r.string("FeedSuspended.reason", MAX_ERROR_MESSAGE_BYTES))
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDataResponse(ClientMessage):
+    """The data of one committed transaction, or why it could not be fetched."""
+
+    TYPE = ClientMessageType.TRANSACTION_DATA_RESPONSE
+    transaction_id: int = -1
+    data: bytes | None = None
+    error: str = ""
+
+    def _body(self) -> bytes:
+        if self.data is None:
+            return _I64.pack(self.transaction_id) + b"\x00" + pack_string(self.error, 4096)
+        return b"".join(
+            (
+                _I64.pack(self.transaction_id),
+                b"\x01",
+                _I32.pack(len(self.data)),
+                self.data,
+                struct.pack(">I", crc32(self.data)),
+            )
+        )
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        txid = r.i64("TransactionDataResponse.transaction_id")
+        if not r.bool("TransactionDataResponse.success"):
+            return cls(req_id, txid, None, r.string("TransactionDataResponse.error", 4096))
+        length = r.i32("TransactionDataResponse.data length")
+        if length < 0 or length > max_data_bytes:
+            raise MalformedMessage(
+                f"TransactionDataResponse.data length {length} is outside 0..{max_data_bytes}"
+            )
+        data = r.raw(length, "TransactionDataResponse.data")
+        checksum = r.u32("TransactionDataResponse.checksum")
+        if crc32(data) != checksum:
+            raise MalformedMessage(
+                f"transaction {txid}: data CRC-32 {crc32(data):#010x} != sent {checksum:#010x}"
+            )
+        return cls(req_id, txid, data)
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResponse(ClientMessage):
+    """Every append sent before the flush is resolved; the partition's high-water mark."""
+
+    TYPE = ClientMessageType.FLUSH_RESPONSE
+    transaction_id: int = -1
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        return cls(req_id, r.i64("FlushResponse.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class LockFailure(ClientMessage):
+    """The append was rejected: transaction ``transaction_id`` took one of its locks after
+    the client's high-water mark."""
+
+    TYPE = ClientMessageType.LOCK_FAILURE
+    transaction_id: int = -1
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        return cls(req_id, r.i64("LockFailure.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class HighWaterMarkResponse(ClientMessage):
+    TYPE = ClientMessageType.HIGH_WATER_MARK_RESPONSE
+    transaction_id: int = -1
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        return cls(req_id, r.i64("HighWaterMarkResponse.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRangeResponse(ClientMessage):
+    """Consecutive committed records from the requested ID (none when it is above the
+    high-water mark), and the high-water mark when they were read."""
+
+    TYPE = ClientMessageType.READ_RANGE_RESPONSE
+    high_water_mark: int = -1
+    records: RecordBatch = field(default_factory=lambda: RecordBatch(b"", []))
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.high_water_mark) + _I32.pack(len(self.records)) + self.records.buf
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        hwm = r.i64("ReadRangeResponse.high_water_mark")
+        n = r.count("ReadRangeResponse.count", 1_000_000)
+        return cls(req_id, hwm, RecordBatch.read(r, n, max_data_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResponse(ClientMessage):
+    """An RPC (data, high-water mark, range read) that could not be answered."""
+
+    TYPE = ClientMessageType.ERROR_RESPONSE
+    code: ErrorCode = ErrorCode.BAD_REQUEST
+    message: str = ""
+
+    def _body(self) -> bytes:
+        return _U8.pack(self.code) + pack_string(self.message, MAX_ERROR_MESSAGE_BYTES)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        code = r.u8("ErrorResponse.code")
+        try:
+            error = ErrorCode(code)
+        except ValueError:
+            raise MalformedMessage(f"ErrorResponse: unknown code {code}") from None
+        return cls(req_id, error, r.string("ErrorResponse.message", MAX_ERROR_MESSAGE_BYTES))
+
+
+CLIENT_REQUESTS: dict[int, type[ClientMessage]] = {
+    cls.TYPE: cls
+    for cls in (
+        MountRequest,
+        AppendRequest,
+        FeedRequest,
+        TransactionDataRequest,
+        FlushRequest,
+        HighWaterMarkRequest,
+        ReadRangeRequest,
+    )
+}
+SERVER_RESPONSES: dict[int, type[ClientMessage]] = {
+    cls.TYPE: cls
+    for cls in (
+        MountResponse,
+        FeedData,
+        FeedSuspended,
+        TransactionDataResponse,
+        FlushResponse,
+        LockFailure,
+        HighWaterMarkResponse,
+        ReadRangeResponse,
+        ErrorResponse,
+    )
+}
+
+
+def _decode(
+    table: dict[int, type[ClientMessage]],
+    direction: str,
+    message_type: int,
+    body: bytes,
+    max_data_bytes: int,
+) -> ClientMessage:
+    cls = table.get(message_type)
+    if cls is None:
+        raise UnknownMessageType(f"message type {message_type} is not a client {direction}")
+    r = Reader(body)
+    message = cls._read_body(r, ReqId.read(r), max_data_bytes)
+    r.expect_end(cls.__name__)
+    return message
+
+
+def decode_client_request(
+    message_type: int, body: bytes, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
+) -> ClientMessage:
+    return _decode(CLIENT_REQUESTS, "request", message_type, body, max_data_bytes)
+
+
+def decode_server_response(
+    message_type: int, body: bytes, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
+) -> ClientMessage:
+    return _decode(SERVER_RESPONSES, "response", message_type, body, max_data_bytes)
