@@ -14,21 +14,26 @@ class ClusterError(Exception):
     """A cluster operation could not be done; the message says why and changes nothing."""
 
 
-def connect(connect_string: str, timeout: float = 15.0, read_only: bool = False) -> KazooClient:
+def connect(
+    connect_string: str,
+    timeout: float = 15.0,
+    read_only: bool = False,
+    session_timeout: float = 10.0,
+) -> KazooClient:
     """A started KazooClient, or ClusterError naming the ensemble that did not answer."""
     if not connect_string.strip():
         raise ClusterError("no ZooKeeper connect string (host:port[,host:port...][/chroot])")
     try:
         zk = KazooClient(
             hosts=connect_string,
-            timeout=timeout,
+            timeout=session_timeout,
             read_only=read_only,
             logger=logging.getLogger("kazoo.client"),
         )
     except ValueError as e:
         raise ClusterError(f"bad ZooKeeper connect string {connect_string!r}: {e}") from None
     try:
-        zk.start(timeout=timeout)
+        zk.start(timeout=timeout)  # how long to wait for a first connection
     except KazooTimeoutError:
         zk.close()
         raise ClusterError(

@@ -17,7 +17,7 @@ from .zookeeper import ZooKeeperUnavailable
 def register(groups: argparse._SubParsersAction) -> None:
     local = groups.add_parser("local", help="a local cluster for development and tests")
     cmds = local.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = cmds.add_parser("up", help="start ZooKeeper and storage nodes; Ctrl-C stops them")
+    p = cmds.add_parser("up", help="start ZooKeeper, storage nodes and servers; Ctrl-C stops them")
     p.add_argument(
         "--data-dir",
         default=".waltz-local/cluster",
@@ -26,6 +26,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--storages", type=int, default=3, help="storage nodes (default 3)")
     p.add_argument("--partitions", type=int, default=4, help="partitions (default 4)")
     p.add_argument("--replicas", type=int, default=3, help="replicas (default 3)")
+    p.add_argument("--servers", type=int, default=2, help="servers (default 2)")
     p.add_argument("--name", default="local", help="cluster name (default local)")
     p.set_defaults(func=cmd_up)
 
@@ -41,6 +42,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             partitions=args.partitions,
             replicas=args.replicas,
             name=args.name,
+            servers=args.servers,
         )
         cluster.start(say)
     except (LocalClusterError, ZooKeeperUnavailable, ProcessFailed, ClusterError) as e:
@@ -54,7 +56,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     say(f"  data and logs in {cluster.data_dir}; Ctrl-C stops everything")
     try:
         while not done.wait(1.0):
-            for proc in cluster.storages:
+            for proc in [*cluster.storages, *cluster.servers]:
                 if not proc.running:
                     say(
                         f"{proc.name} exited ({proc.proc.returncode if proc.proc else '?'}); "

@@ -1,9 +1,11 @@
-"""A whole Waltz cluster on localhost: embedded ZooKeeper, storage processes, CreateCluster.
+"""A whole Waltz cluster on localhost: embedded ZooKeeper, CreateCluster, storage and
+server processes.
 
 State lives in one data directory and survives a restart: ``local.json``
 records the ports chosen on the first start (the replica assignment names
 storage nodes by ``host:port``, so they must not change), ZooKeeper keeps its
-data in ``zookeeper/`` and each storage node in ``storage-<i>/``.
+data in ``zookeeper/`` and each storage node in ``storage-<i>/``. Servers
+keep nothing on disk; each has a fixed ID, ``server-<i>``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from waltz_client.cluster.admin import CreateResult, create_cluster
 from waltz_client.cluster.zk import close, connect
@@ -40,6 +42,7 @@ class LocalLayout:
     replicas: int
     zookeeper_port: int
     storage_ports: list[tuple[int, int]]  # (protocol, http) per storage node
+    server_ports: list[tuple[int, int]] = field(default_factory=list)  # (client, http)
 
     @property
     def storage_addresses(self) -> list[str]:
@@ -63,14 +66,19 @@ class LocalCluster:
         name: str = "local",
         root: str = "/waltz",
         storage_args: list[str] | None = None,
+        servers: int = 2,
+        server_args: list[str] | None = None,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.storage_args = storage_args or []
+        self.server_args = server_args or []
         self.layout = self._load_or_plan(storages, partitions, replicas, name, root)
+        self._plan_servers(servers)
         self.zookeeper = EmbeddedZooKeeper(
             os.path.join(self.data_dir, "zookeeper"), port=self.layout.zookeeper_port, host=HOST
         )
         self.storages = [self._storage_process(i) for i in range(len(self.layout.storage_ports))]
+        self.servers = [self._server_process(i) for i in range(servers)]
         self.created: CreateResult | None = None
 
     def _load_or_plan(
@@ -81,7 +89,11 @@ class LocalCluster:
             with open(path) as f:
                 doc = json.load(f)
             layout = LocalLayout(
-                **{**doc, "storage_ports": [tuple(p) for p in doc["storage_ports"]]}
+                **{
+                    **doc,
+                    "storage_ports": [tuple(p) for p in doc["storage_ports"]],
+                    "server_ports": [tuple(p) for p in doc.get("server_ports", [])],
+                }
             )
             wanted = (name, root, partitions, replicas, storages)
             have = (
@@ -112,6 +124,43 @@ class LocalCluster:
         with open(path, "w") as f:
             json.dump(asdict(layout), f, indent=2)
         return layout
+
+    def _plan_servers(self, servers: int) -> None:
+        """Servers may be added to an existing directory: ports are kept per index."""
+        if servers < 0:
+            raise LocalClusterError(f"servers must be >= 0, got {servers}")
+        if len(self.layout.server_ports) < servers:
+            while len(self.layout.server_ports) < servers:
+                self.layout.server_ports.append((_free_port(), _free_port()))
+            with open(os.path.join(self.data_dir, STATE_FILE), "w") as f:
+                json.dump(asdict(self.layout), f, indent=2)
+
+    def _server_process(self, i: int) -> DaemonProcess:
+        port, http_port = self.layout.server_ports[i]
+        ready = os.path.join(self.data_dir, f"server-{i}.ready")
+        command = [
+            sys.executable,
+            "-m",
+            "waltz_server.main",
+            "--zookeeper",
+            self.zookeeper_connect,
+            "--zk-root",
+            self.layout.root,
+            "--server-id",
+            f"server-{i}",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+            "--ready-file",
+            ready,
+            *self.server_args,
+        ]
+        return DaemonProcess(
+            f"server-{i}", command, ready, os.path.join(self.data_dir, f"server-{i}.log")
+        )
 
     def _storage_process(self, i: int) -> DaemonProcess:
         port, http_port = self.layout.storage_ports[i]
@@ -174,11 +223,19 @@ class LocalCluster:
                     f"{proc.name} serving on {HOST}:{proc.ready['port']} "
                     f"(http {proc.ready['http_port']})"
                 )
+            for proc in self.servers:
+                proc.start()
+                progress(
+                    f"{proc.name} serving clients on {HOST}:{proc.ready['port']} "
+                    f"(http {proc.ready['http_port']})"
+                )
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
+        for proc in self.servers:
+            proc.stop()
         for proc in self.storages:
             proc.stop()
         self.zookeeper.stop()

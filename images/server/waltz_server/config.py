@@ -1,0 +1,150 @@
+"""Server settings: the schema (``waltz_client.settings`` loads it) and the checks that span
+several settings. Variables are ``WALTZ_SERVER_<NAME>``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from waltz_client.settings import (
+    REQUIRED,
+    ConfigError,
+    Setting,
+    SettingsSchema,
+    float_in,
+    int_in,
+    log_level,
+    size_at_least,
+    text,
+)
+
+__all__ = ["ConfigError", "ServerConfig", "build_parser", "load_config"]
+
+ENV_PREFIX = "WALTZ_SERVER_"
+_SERVER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def _server_id(value: object) -> str:
+    value = str(value)
+    if value and not _SERVER_ID.match(value):
+        raise ValueError(
+            f"expected letters, digits, '.', '_', ':' or '-' (at most 128), got {value!r}"
+        )
+    return value
+
+
+SETTINGS = (
+    Setting("zookeeper", text, REQUIRED, "ZooKeeper connect string (host:port[,...][/chroot])"),
+    Setting("zk_root", text, "/waltz", "the cluster's root znode"),
+    Setting(
+        "zk_session_timeout",
+        float_in(2.0, 300.0),
+        10.0,
+        "ZooKeeper session timeout in seconds: how soon a dead server's partitions move",
+    ),
+    Setting("server_id", _server_id, "", "this server's ID (default <advertised host>-<port>)"),
+    Setting("host", text, "0.0.0.0", "address to listen on"),
+    Setting("port", int_in(0, 65535), 55180, "client port (0: any free port)"),
+    Setting("http_port", int_in(0, 65535), 55181, "health and metrics port (0: any free port)"),
+    Setting(
+        "advertised_host",
+        str,
+        "",
+        "host clients reach this server at (default: the listen host, or the host name)",
+    ),
+    Setting("lock_table_size", int_in(1, 1 << 26), 1 << 16, "lock table entries per partition"),
+    Setting("lock_hashes", int_in(1, 16), 3, "hash functions per lock"),
+    Setting("feed_cache_bytes", size_at_least(4096), "16MiB", "feed cache per partition"),
+    Setting(
+        "data_cache_bytes", size_at_least(4096), "64MiB", "transaction data cache per partition"
+    ),
+    Setting(
+        "max_queue",
+        int_in(1, 10_000_000),
+        10_000,
+        "queued appends per partition before connections stop being read",
+    ),
+    Setting(
+        "max_batch_bytes",
+        size_at_least(4096),
+        "4MiB",
+        "records one storage Append carries at most",
+    ),
+    Setting("max_in_flight", int_in(1, 1024), 16, "storage Appends in flight per partition"),
+    Setting(
+        "checkpoint_interval",
+        int_in(1, 2**62),
+        1_000_000,
+        "transactions after which a partition starts a new store session",
+    ),
+    Setting(
+        "storage_timeout",
+        float_in(0.1, 600.0),
+        5.0,
+        "seconds to wait for a storage node to connect and answer during recovery",
+    ),
+    Setting("max_frame_bytes", size_at_least(64 * 1024), "64MiB", "largest frame accepted"),
+    Setting("max_data_bytes", size_at_least(1), "16MiB", "largest transaction data accepted"),
+    Setting("ready_file", str, "", "write the bound ports here (JSON) once serving"),
+    Setting("log_level", log_level, "INFO", "DEBUG, INFO, WARNING or ERROR"),
+)
+
+SCHEMA = SettingsSchema(
+    prog="waltz-server",
+    description="Waltz server: owns partitions, checks locks, replicates to storage nodes.",
+    env_prefix=ENV_PREFIX,
+    settings=SETTINGS,
+)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    zookeeper: str
+    zk_root: str
+    zk_session_timeout: float
+    server_id: str
+    host: str
+    port: int
+    http_port: int
+    advertised_host: str
+    lock_table_size: int
+    lock_hashes: int
+    feed_cache_bytes: int
+    data_cache_bytes: int
+    max_queue: int
+    max_batch_bytes: int
+    max_in_flight: int
+    checkpoint_interval: int
+    storage_timeout: float
+    max_frame_bytes: int
+    max_data_bytes: int
+    ready_file: str
+    log_level: str
+
+    def advertised(self) -> str:
+        if self.advertised_host:
+            return self.advertised_host
+        if self.host in ("", "0.0.0.0", "::"):
+            return socket.gethostname()
+        return self.host
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return SCHEMA.build_parser()
+
+
+def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerConfig:
+    values, _ = SCHEMA.load(argv, environ)
+    if values["max_frame_bytes"] > 2**32 - 1:
+        raise ConfigError("setting max_frame_bytes: must fit the 32-bit frame length")
+    if values["max_data_bytes"] + 1024 > values["max_frame_bytes"]:
+        raise ConfigError(
+            f"setting max_data_bytes ({values['max_data_bytes']}) must leave room for the "
+            f"rest of an append within max_frame_bytes ({values['max_frame_bytes']})"
+        )
+    if values["max_batch_bytes"] > values["max_frame_bytes"] // 2:
+        raise ConfigError("setting max_batch_bytes must be at most half of max_frame_bytes")
+    return ServerConfig(**values)

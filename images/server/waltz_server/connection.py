@@ -1,0 +1,242 @@
+"""A client connection to the server: handshake, frames, dispatch to partitions.
+
+Appends, mounts and flushes are queued on their partition in arrival order;
+feed requests subscribe; data, high-water mark and range reads are answered
+by small tasks. A malformed frame closes this connection only. Reading stops
+while a partition's queue is full (back pressure); feeds wait while the
+socket's write buffer is over its high-water mark (a slow reader only slows
+itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from waltz_client.wire.client_messages import (
+    SERVER_PROTOCOL_VERSIONS,
+    AppendRequest,
+    ClientMessage,
+    ErrorCode,
+    ErrorResponse,
+    FeedRequest,
+    FlushRequest,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+    ReadRangeRequest,
+    ReadRangeResponse,
+    TransactionDataRequest,
+    TransactionDataResponse,
+    decode_client_request,
+)
+from waltz_client.wire.errors import ProtocolError
+from waltz_client.wire.framing import (
+    HANDSHAKE_BYTES,
+    FrameDecoder,
+    HandshakeStatus,
+    Hello,
+    Service,
+    negotiate,
+)
+
+from .partition import Partition, State
+
+log = logging.getLogger(__name__)
+
+WRITE_BUFFER_HIGH = 4 * 1024 * 1024
+
+
+class ClientConnectionHandler(asyncio.Protocol):
+    def __init__(
+        self,
+        partitions: Callable[[int], Partition | None],
+        max_frame_bytes: int,
+        max_data_bytes: int,
+        on_close: Callable[[ClientConnectionHandler], None],
+        on_error: Callable[[str], None] = lambda kind: None,
+    ) -> None:
+        self._partitions = partitions
+        self._max_frame_bytes = max_frame_bytes
+        self._max_data_bytes = max_data_bytes
+        self._on_close = on_close
+        self._on_error = on_error
+        self._transport: asyncio.Transport | None = None
+        self._hello = bytearray()
+        self._decoder: FrameDecoder | None = None
+        self._mounted: dict[tuple[int, int], int] = {}  # (client, partition) -> connection seq
+        self._pauses = 0
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._tasks: set[asyncio.Task] = set()
+        self.closed = False
+        self.peer = "?"
+        self.partitions_touched: set[int] = set()
+
+    # --- what a partition needs --------------------------------------------------------
+
+    def send(self, frame: bytes) -> None:
+        if self._transport is not None and not self.closed:
+            self._transport.write(frame)
+
+    def pause_reading(self) -> None:
+        self._pauses += 1
+        if self._pauses == 1 and self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._pauses = max(0, self._pauses - 1)
+        if self._pauses == 0 and self._transport is not None and not self.closed:
+            self._transport.resume_reading()
+
+    async def drained(self) -> None:
+        await self._writable.wait()
+
+    def mounted_seq(self, client_id: int, partition_id: int) -> int | None:
+        return self._mounted.get((client_id, partition_id))
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)  # type: ignore[attr-defined]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._transport = None
+        self._writable.set()
+        for task in self._tasks:
+            task.cancel()
+        self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def eof_received(self) -> bool:
+        if self._decoder is not None and self._decoder.buffered:
+            self._reject(f"truncated frame: the stream ended after {self._decoder.buffered} bytes")
+        return False
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self._decoder is None:
+            self._handshake(data)
+            return
+        try:
+            for message_type, body in self._decoder.feed(data):
+                self._dispatch(decode_client_request(message_type, body, self._max_data_bytes))
+                if self.closed:
+                    return
+        except ProtocolError as e:
+            self._reject(f"{type(e).__name__}: {e}")
+
+    def _reject(self, reason: str) -> None:
+        log.warning("closing client connection %s: %s", self.peer, reason)
+        self._on_error("malformed")
+        self.close()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        self.closed = True
+
+    def _handshake(self, data: bytes) -> None:
+        self._hello += data
+        if len(self._hello) < HANDSHAKE_BYTES:
+            return
+        assert self._transport is not None
+        try:
+            hello = Hello.decode(bytes(self._hello[:HANDSHAKE_BYTES]))
+        except ProtocolError as e:
+            self._reject(f"handshake: {e}")
+            return
+        reply = negotiate(hello, Service.SERVER, SERVER_PROTOCOL_VERSIONS)
+        self._transport.write(reply.encode())
+        if reply.status != HandshakeStatus.OK:
+            self._reject(
+                f"handshake {reply.status.name} ({hello.service.name} "
+                f"{hello.min_version}..{hello.max_version})"
+            )
+            return
+        self._decoder = FrameDecoder(self._max_frame_bytes)
+        rest = bytes(self._hello[HANDSHAKE_BYTES:])
+        self._hello = bytearray()
+        if rest:
+            self.data_received(rest)
+
+    # --- dispatch -----------------------------------------------------------------------
+
+    def _dispatch(self, message: ClientMessage) -> None:
+        q = message.req_id
+        partition = self._partitions(q.partition_id)
+        if partition is not None:
+            self.partitions_touched.add(q.partition_id)
+        match message:
+            case AppendRequest():
+                if partition is not None:
+                    partition.submit(self, message)
+                # else: not ours (any more); the client learns it from its mount
+            case MountRequest():
+                if partition is None:
+                    self.send(MountResponse(q, MountStatus.NOT_OWNER).encode())
+                    return
+                key = (q.client_id, q.partition_id)
+                self._mounted[key] = max(self._mounted.get(key, -1), message.connection_seq)
+                partition.submit(self, message)
+            case FlushRequest():
+                if partition is None:
+                    self._error(q, ErrorCode.NOT_OWNER, "this server does not own the partition")
+                else:
+                    partition.submit(self, message)
+            case FeedRequest():
+                if partition is None:
+                    self._error(q, ErrorCode.NOT_OWNER, "this server does not own the partition")
+                else:
+                    partition.subscribe(self, q, message.client_high_water_mark)
+            case TransactionDataRequest() | HighWaterMarkRequest() | ReadRangeRequest():
+                task = asyncio.get_running_loop().create_task(self._rpc(partition, message))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    def _error(self, q, code: ErrorCode, text: str) -> None:
+        self.send(ErrorResponse(q, code, text).encode())
+
+    async def _rpc(self, partition: Partition | None, message: ClientMessage) -> None:
+        q = message.req_id
+        if partition is None:
+            self._error(q, ErrorCode.NOT_OWNER, f"partition {q.partition_id} is not owned here")
+            return
+        if partition.state != State.ACTIVE:
+            self._error(q, ErrorCode.NOT_READY, f"partition {q.partition_id}: {partition.status}")
+            return
+        try:
+            match message:
+                case HighWaterMarkRequest():
+                    self.send(HighWaterMarkResponse(q, partition.high_water_mark).encode())
+                case TransactionDataRequest(transaction_id=txid):
+                    try:
+                        data = await partition.transaction_data(txid)
+                    except LookupError as e:
+                        self.send(TransactionDataResponse(q, txid, None, str(e)).encode())
+                        return
+                    self.send(TransactionDataResponse(q, txid, data).encode())
+                case ReadRangeRequest():
+                    hwm = partition.high_water_mark
+                    batch = await partition.read_range(
+                        message.from_transaction_id, message.max_records, message.max_bytes
+                    )
+                    self.send(ReadRangeResponse(q, hwm, batch).encode())
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.info("partition %d: %s failed: %s", q.partition_id, type(message).__name__, e)
+            self._error(q, ErrorCode.STORAGE_UNAVAILABLE, str(e))

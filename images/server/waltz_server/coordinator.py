@@ -1,0 +1,234 @@
+"""The server's view of ZooKeeper: registration, partition ownership, partition metadata.
+
+Every server registers an ephemeral node; the lowest live server ID
+rebalances ownership (``ownership.assign_owners``) by compare-and-set
+whenever the set of live servers changes. Every server follows the
+ownership node and serves exactly the partitions it names for it. When the
+ZooKeeper session is lost, the server stops serving at once: another server
+may already own its partitions. kazoo runs in its own thread; everything it
+reports is handed to the event loop with ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from waltz_client.cluster.admin import read_assignment, read_params
+from waltz_client.cluster.metadata import (
+    ClusterParams,
+    MetadataError,
+    Ownership,
+    PartitionMetadata,
+    ReplicaAssignment,
+    ServerRegistration,
+)
+from waltz_client.cluster.paths import ClusterPaths
+from waltz_client.cluster.zk import ClusterError, close, connect
+
+from .ownership import assign_owners, assigner, owned_by
+from .recovery_manager import MetadataConflict
+
+log = logging.getLogger(__name__)
+
+
+class ServerCoordinator:
+    def __init__(
+        self,
+        connect_string: str,
+        root: str,
+        registration: ServerRegistration,
+        *,
+        session_timeout: float = 10.0,
+        on_ownership: Callable[[dict[int, int]], None] = lambda owned: None,
+        on_assignment: Callable[[ReplicaAssignment], None] = lambda a: None,
+        on_session_lost: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.connect_string = connect_string
+        self.paths = ClusterPaths.of(root)
+        self.registration = registration
+        self.session_timeout = session_timeout
+        self._on_ownership = on_ownership
+        self._on_assignment = on_assignment
+        self._on_session_lost = on_session_lost
+        self._zk: KazooClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.params: ClusterParams | None = None
+        self.assignment: ReplicaAssignment | None = None
+        self.connected = False
+        self.live_servers: list[str] = []
+
+    def set_handlers(
+        self,
+        on_ownership: Callable[[dict[int, int]], None],
+        on_assignment: Callable[[ReplicaAssignment], None],
+        on_session_lost: Callable[[], None],
+    ) -> None:
+        self._on_ownership = on_ownership
+        self._on_assignment = on_assignment
+        self._on_session_lost = on_session_lost
+
+    @property
+    def zk(self) -> KazooClient:
+        assert self._zk is not None, "not connected"
+        return self._zk
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def start(self, retry_every: float = 2.0) -> None:
+        """Connect, wait for the cluster to exist, register and start following."""
+        self._loop = asyncio.get_running_loop()
+        while self._zk is None:
+            try:
+                self._zk = await self._run(
+                    lambda: connect(
+                        self.connect_string, timeout=10.0, session_timeout=self.session_timeout
+                    )
+                )
+            except ClusterError as e:
+                log.warning("%s; retrying in %g s", e, retry_every)
+                await asyncio.sleep(retry_every)
+        while self.params is None:
+            try:
+                self.params = await self._run(read_params, self.zk, self.paths.root)
+            except (ClusterError, MetadataError) as e:
+                log.warning("waiting for the cluster: %s", e)
+                await asyncio.sleep(retry_every)
+        self.zk.add_listener(self._state_changed)
+        await self._run(self._register)
+        self.connected = True
+        self.zk.DataWatch(self.paths.assignment, self._assignment_changed)
+        self.zk.ChildrenWatch(self.paths.servers, self._servers_changed)
+        self.zk.DataWatch(self.paths.ownership, self._ownership_changed)
+
+    async def stop(self) -> None:
+        if self._zk is not None:
+            zk, self._zk = self._zk, None
+            await self._run(close, zk)
+
+    # --- kazoo thread -> loop -----------------------------------------------------------
+
+    def _post(self, fn, *args) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _state_changed(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self.connected = False
+            log.error("ZooKeeper session lost: stopping every partition")
+            self._post(self._on_session_lost)
+        elif state == KazooState.SUSPENDED:
+            log.warning("ZooKeeper connection suspended")
+        elif state == KazooState.CONNECTED and not self.connected:
+            self._post(self._reconnected)
+
+    def _reconnected(self) -> None:
+        async def again() -> None:
+            try:
+                await self._run(self._register)
+                self.connected = True
+                await self._rebalance()
+                data, _ = await self._run(self.zk.get, self.paths.ownership)
+                self._ownership_changed(data, None)
+            except Exception as e:  # the next state change retries
+                log.warning("re-registering after a new ZooKeeper session failed: %s", e)
+
+        asyncio.get_running_loop().create_task(again())
+
+    def _register(self) -> None:
+        path = self.paths.server(self.registration.server_id)
+        data = self.registration.encode()
+        self.zk.ensure_path(self.paths.servers)
+        try:
+            self.zk.create(path, data, ephemeral=True)
+        except NodeExistsError:
+            # Our previous process (or session) left it; it expires with that session.
+            log.warning("replacing the stale registration %s", path)
+            with contextlib.suppress(NoNodeError):
+                self.zk.delete(path)
+            self.zk.create(path, data, ephemeral=True)
+
+    def _assignment_changed(self, data, stat) -> None:
+        if data is None:
+            return
+        try:
+            assignment = ReplicaAssignment.decode(data)
+        except MetadataError as e:
+            log.error("ignoring an unreadable replica assignment: %s", e)
+            return
+        self._post(self._set_assignment, assignment)
+
+    def _set_assignment(self, assignment: ReplicaAssignment) -> None:
+        self.assignment = assignment
+        self._on_assignment(assignment)
+
+    def _servers_changed(self, children: list[str]) -> None:
+        self._post(self._servers_now, list(children))
+
+    def _servers_now(self, children: list[str]) -> None:
+        self.live_servers = sorted(children)
+        asyncio.get_running_loop().create_task(self._rebalance())
+
+    def _ownership_changed(self, data, stat) -> None:
+        if data is None:
+            return
+        try:
+            ownership = Ownership.decode(data)
+        except MetadataError as e:
+            log.error("ignoring an unreadable ownership node: %s", e)
+            return
+        self._post(self._owned_now, ownership)
+
+    def _owned_now(self, ownership: Ownership) -> None:
+        if self.connected:
+            self._on_ownership(owned_by(ownership, self.registration.server_id))
+
+    # --- the assigner -------------------------------------------------------------------
+
+    async def _rebalance(self) -> None:
+        try:
+            await self._run(self._rebalance_blocking)
+        except Exception as e:
+            log.warning("rebalancing partitions failed: %s", e)
+
+    def _rebalance_blocking(self) -> None:
+        assert self.params is not None
+        while True:
+            live = self.zk.get_children(self.paths.servers)
+            if assigner(live) != self.registration.server_id:
+                return
+            data, stat = self.zk.get(self.paths.ownership)
+            current = Ownership.decode(data)
+            new = assign_owners(current, self.params.num_partitions, live)
+            if new == current:
+                return
+            try:
+                self.zk.set(self.paths.ownership, new.encode(), version=stat.version)
+                log.info("partition ownership rebalanced over %s", ", ".join(sorted(live)))
+                return
+            except BadVersionError:
+                continue
+
+    # --- partition metadata (recovery_manager.MetadataStore) ----------------------------
+
+    async def read(self, partition_id: int) -> tuple[PartitionMetadata, int]:
+        data, stat = await self._run(self.zk.get, self.paths.partition(partition_id))
+        return PartitionMetadata.decode(data), stat.version
+
+    async def write(self, partition_id: int, metadata: PartitionMetadata, version: int) -> int:
+        path = self.paths.partition(partition_id)
+        try:
+            stat = await self._run(lambda: self.zk.set(path, metadata.encode(), version=version))
+        except BadVersionError:
+            raise MetadataConflict(f"{path} changed under us") from None
+        return stat.version
+
+    async def read_assignment(self) -> ReplicaAssignment:
+        assignment, _ = await self._run(read_assignment, self.zk, self.paths.root)
+        return assignment

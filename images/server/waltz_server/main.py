@@ -1,0 +1,103 @@
+"""``waltz-server``: run a server until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from waltz_client.cluster.metadata import ServerRegistration
+
+from .config import ConfigError, ServerConfig, load_config
+from .coordinator import ServerCoordinator
+from .http import start_http
+from .server import WaltzServer
+
+log = logging.getLogger("waltz_server")
+
+
+def _write_ready_file(path: str, info: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+async def serve(config: ServerConfig) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    # Bind first: the registration must name the ports clients will reach.
+    placeholder = ServerRegistration("pending", config.advertised(), 0, 0)
+    coordinator = ServerCoordinator(
+        config.zookeeper, config.zk_root, placeholder, session_timeout=config.zk_session_timeout
+    )
+    server = WaltzServer(config, coordinator)
+    try:
+        port = await server.listen(config.host, config.port)
+        runner, http_port = await start_http(server, config.host, config.http_port)
+    except OSError as e:
+        await server.close()
+        print(f"waltz-server: error: cannot listen on {config.host}: {e.strerror}", file=sys.stderr)
+        return 2
+    server_id = config.server_id or f"{config.advertised()}-{port}"
+    coordinator.registration = ServerRegistration(server_id, config.advertised(), port, http_port)
+    coordinator.set_handlers(
+        server.ownership_changed, server.assignment_changed, server.session_lost
+    )
+    log.info(
+        "server %s: connecting to ZooKeeper %s, cluster %s",
+        server_id,
+        config.zookeeper,
+        config.zk_root,
+    )
+    started = loop.create_task(coordinator.start())
+    done, _ = await asyncio.wait(
+        {started, loop.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
+    )
+    if started in done:
+        started.result()
+        log.info(
+            "server %s serving clients on %s:%d (http %d)", server_id, config.host, port, http_port
+        )
+        if config.ready_file:
+            _write_ready_file(
+                config.ready_file,
+                {"pid": os.getpid(), "port": port, "http_port": http_port, "server_id": server_id},
+            )
+        await stop.wait()
+    else:
+        started.cancel()
+    log.info("stopping")
+    await server.close()
+    await coordinator.stop()
+    await runner.cleanup()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        config = load_config(argv, os.environ)
+    except ConfigError as e:
+        print(f"waltz-server: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        runner = asyncio.run
+    sys.exit(runner(serve(config)))
+
+
+if __name__ == "__main__":
+    main()

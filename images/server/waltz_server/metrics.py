@@ -1,0 +1,106 @@
+"""Prometheus metrics of a server, in a registry of its own; per-partition state is read at
+scrape time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .server import WaltzServer
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class ServerMetrics:
+    def __init__(self, server: WaltzServer) -> None:
+        self.registry = CollectorRegistry()
+        self.connections = Counter(
+            "waltz_server_connections", "Client connections accepted", registry=self.registry
+        )
+        self.client_errors = Counter(
+            "waltz_server_client_errors",
+            "Client connections closed for a protocol error",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.commit_seconds = Histogram(
+            "waltz_server_commit_seconds",
+            "From sending a batch to storage to its quorum acknowledgement",
+            ["partition"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_PartitionCollector(server))
+
+
+class _PartitionCollector(Collector):
+    def __init__(self, server: WaltzServer) -> None:
+        self._server = server
+
+    def collect(self):
+        gauges = {
+            "high_water_mark": "Highest committed transaction ID (-1: none)",
+            "generation": "Generation this server owns the partition with",
+            "session_id": "Current store session ID (-1 while recovering)",
+            "live_replicas": "Replicas in the current store session",
+            "replicas": "Replicas assigned to the partition",
+            "quorum": "1 when the store session holds a write quorum",
+            "active": "1 when the partition accepts appends, 0 while recovering",
+            "queue_size": "Appends, mounts and flushes waiting for the append task",
+            "feed_clients": "Feeds (mounts and feed requests) being served",
+            "data_cache_bytes": "Bytes in the transaction data cache",
+        }
+        counters = {
+            "appended": "Appends given a transaction ID",
+            "committed": "Transactions committed by a storage quorum",
+            "lock_failures": "Appends rejected by the lock table",
+            "ignored": "Appends ignored (stale generation or connection)",
+            "sessions": "Store sessions opened",
+            "feed_sent": "Transaction headers sent on feeds",
+            "data_cache_hits": "Transaction data requests served from the cache",
+            "data_cache_misses": "Transaction data requests read from storage",
+        }
+        g = {
+            n: GaugeMetricFamily(f"waltz_server_partition_{n}", d, labels=["partition"])
+            for n, d in gauges.items()
+        }
+        c = {
+            n: CounterMetricFamily(f"waltz_server_partition_{n}", d, labels=["partition"])
+            for n, d in counters.items()
+        }
+        for p, part in sorted(self._server.partitions.items()):
+            label = [str(p)]
+            session = part.session
+            live = session.live_replicas if session is not None else 0
+            values = {
+                "high_water_mark": part.high_water_mark,
+                "generation": part.generation,
+                "session_id": session.session_id if session is not None else -1,
+                "live_replicas": live,
+                "replicas": len(part.context.replicas),
+                "quorum": 1 if live >= len(part.context.replicas) // 2 + 1 else 0,
+                "active": 1 if part.healthy else 0,
+                "queue_size": part.queue_size,
+                "feed_clients": len(part.subscriptions),
+                "data_cache_bytes": part.data_cache.bytes,
+            }
+            for n, v in values.items():
+                g[n].add_metric(label, v)
+            s = part.stats
+            for n, v in (
+                ("appended", s.appended),
+                ("committed", s.committed),
+                ("lock_failures", s.lock_failures),
+                ("ignored", s.ignored),
+                ("sessions", s.sessions),
+                ("feed_sent", part.feed_sent),
+                ("data_cache_hits", part.data_cache.hits),
+                ("data_cache_misses", part.data_cache.misses),
+            ):
+                c[n].add_metric(label, v)
+        yield from g.values()
+        yield from c.values()

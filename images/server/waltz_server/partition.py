@@ -1,0 +1,494 @@
+"""One owned partition: the append task, the store sessions behind it, feeds and reads.
+
+Appends, mounts and flushes go through one queue in arrival order. The
+append task checks generation, connection staleness and locks, assigns the
+next transaction ID, takes the locks (at assignment, so a second append
+computed against the same state conflicts with the first even before it
+commits; a failed append only leaves a lock looking newer, a false conflict,
+never a missed one) and hands the record to the store session. Commits fill
+the feed and data caches and wake the feeds. Mounts and flushes wait until
+every append queued before them is resolved (committed, or lost with a
+session) and are answered on the feed, after the transactions they cover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from waltz_client.wire.client_messages import (
+    AppendRequest,
+    FeedSuspended,
+    FlushRequest,
+    FlushResponse,
+    LockFailure,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+    encode_feed_data,
+)
+from waltz_client.wire.errors import ProtocolError
+from waltz_client.wire.records import (
+    CRC,
+    RECORD_HEADER,
+    WIRE_RECORD_HEAD,
+    RecordBatch,
+    ReqId,
+    crc32,
+)
+from waltz_client.wire.storage_client import StorageClient
+
+from .caches import DataCache, FeedCache
+from .lock_table import LockTable
+from .recovery_manager import RecoveryContext, Superseded, start_session
+from .store_session import StoreSession
+
+log = logging.getLogger(__name__)
+
+
+class State(Enum):
+    RECOVERING = "recovering"
+    ACTIVE = "active"
+    STOPPED = "stopped"
+
+
+class ClientConnection(Protocol):
+    """What a partition needs of a client connection (server.py implements it)."""
+
+    closed: bool
+
+    def send(self, frame: bytes) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    async def drained(self) -> None: ...
+
+    def mounted_seq(self, client_id: int, partition_id: int) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class PartitionSettings:
+    lock_table_size: int = 1 << 16
+    lock_hashes: int = 3
+    feed_cache_bytes: int = 16 * 1024 * 1024
+    data_cache_bytes: int = 64 * 1024 * 1024
+    max_queue: int = 10_000
+    feed_batch: int = 2000
+    checkpoint_interval: int = 1_000_000
+    probe_interval: float = 2.0
+
+
+@dataclass
+class PartitionStats:
+    appended: int = 0
+    committed: int = 0
+    lock_failures: int = 0
+    ignored: int = 0
+    sessions: int = 0
+
+
+class Subscription:
+    """A connection's feed of one partition, from ``cursor`` on, with mount and flush
+    answers queued behind the transactions they cover."""
+
+    def __init__(
+        self,
+        partition: Partition,
+        connection: ClientConnection,
+        req_id: ReqId,
+        client_high_water_mark: int,
+    ) -> None:
+        self.partition = partition
+        self.connection = connection
+        self.req_id = req_id
+        self.cursor = client_high_water_mark + 1
+        self.markers: deque[tuple[int, bytes]] = deque()
+        self.wake = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def add_marker(self, through: int, frame: bytes) -> None:
+        """Send ``frame`` once the feed has delivered every transaction up to ``through``."""
+        self.markers.append((through, frame))
+        self.wake.set()
+
+    async def _run(self) -> None:
+        p = self.partition
+        try:
+            while not self.connection.closed:
+                hwm = p.high_water_mark
+                if self.cursor <= hwm and p.state == State.ACTIVE:
+                    stop = min(hwm, self.cursor + p.settings.feed_batch - 1)
+                    headers = await p.read_headers(self.cursor, stop)
+                    if headers:
+                        self.connection.send(encode_feed_data(self.req_id, headers))
+                        self.cursor += len(headers)
+                        p.feed_sent += len(headers)
+                        await self.connection.drained()
+                        continue
+                while self.markers and self.markers[0][0] < self.cursor:
+                    self.connection.send(self.markers.popleft()[1])
+                self.wake.clear()
+                if self.cursor <= p.high_water_mark and p.state == State.ACTIVE:
+                    continue
+                await self.wake.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("partition %d: feed to a client failed", p.partition_id)
+
+
+class Partition:
+    def __init__(
+        self,
+        context: RecoveryContext,
+        settings: PartitionSettings,
+        on_superseded: Callable[[int, str], None] = lambda p, why: None,
+        observe_commit: Callable[[float], None] = lambda seconds: None,
+    ) -> None:
+        self.partition_id = context.partition_id
+        self.generation = context.generation
+        self.context = context
+        self.settings = settings
+        self._on_superseded = on_superseded
+        self._observe_commit = observe_commit
+        self.state = State.RECOVERING
+        self.status = "starting"
+        self.high_water_mark = -1
+        self._next_txid = 0
+        self.session: StoreSession | None = None
+        self.locks = LockTable(settings.lock_table_size, settings.lock_hashes)
+        self.feed_cache = FeedCache(settings.feed_cache_bytes)
+        self.data_cache = DataCache(settings.data_cache_bytes)
+        self.stats = PartitionStats()
+        self.feed_sent = 0
+        self._queue: deque[tuple[ClientConnection, object]] = deque()
+        self._queue_ready = asyncio.Event()
+        self._paused: set[ClientConnection] = set()
+        self._active = asyncio.Event()
+        self._epoch = 0  # bumped by every new store session
+        self._barriers: list[tuple[int, int, Callable[[int], None]]] = []
+        self._mounts: dict[int, int] = {}  # client ID -> newest connection seq mounted
+        self.subscriptions: set[Subscription] = set()
+        self._tasks: list[asyncio.Task] = []
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._session_loop()),
+            loop.create_task(self._append_loop()),
+        ]
+
+    async def stop(self, reason: str) -> None:
+        if self.state == State.STOPPED:
+            return
+        self.state = State.STOPPED
+        self.status = f"stopped: {reason}"
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.session is not None:
+            await self.session.close(reason)
+        for sub in list(self.subscriptions):
+            sub.task.cancel()
+            if not sub.connection.closed:
+                sub.connection.send(FeedSuspended(sub.req_id, reason).encode())
+        self.subscriptions.clear()
+        for conn in self._paused:
+            conn.resume_reading()
+        self._paused.clear()
+        self._queue.clear()
+
+    @property
+    def queue_size(self) -> int:
+        return len(self._queue)
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == State.ACTIVE
+
+    # --- store sessions ---------------------------------------------------------------
+
+    async def _session_loop(self) -> None:
+        try:
+            while True:
+                self.state = State.RECOVERING
+                self._active.clear()
+                session = await start_session(self.context, self._committed, self._report)
+                self._open(session)
+                reason = await self._watch(session)
+                await session.close(reason)
+                self.session = None
+        except Superseded as e:
+            log.warning("partition %d: %s", self.partition_id, e)
+            self.status = f"superseded: {e}"
+            self._on_superseded(self.partition_id, str(e))
+
+    def _report(self, status: str) -> None:
+        self.status = status
+
+    def _open(self, session: StoreSession) -> None:
+        self.session = session
+        self.stats.sessions += 1
+        self.high_water_mark = session.high_water_mark
+        self._next_txid = session.high_water_mark + 1
+        self.locks.reset(session.high_water_mark)
+        self.feed_cache.reset(session.high_water_mark)
+        self.data_cache.drop_above(session.high_water_mark)
+        self._epoch += 1
+        self.state = State.ACTIVE
+        self.status = f"active in session {session.session_id}"
+        self._active.set()
+        self._resolve_barriers()
+        self._wake_feeds()
+
+    async def _watch(self, session: StoreSession) -> str:
+        """Wait until the session must end; the reason."""
+        missing = [a for a in self.context.replicas if a not in session.members]
+        while True:
+            done, _ = await asyncio.wait({session.ended}, timeout=self.settings.probe_interval)
+            if done:
+                return str(session.ended.exception())
+            if (
+                self.high_water_mark - session.start_high_water_mark
+                >= self.settings.checkpoint_interval
+            ):
+                return "checkpoint interval reached"
+            for address in missing:
+                if await _reachable(address):
+                    return f"replica {address} is reachable again"
+
+    # --- the append task --------------------------------------------------------------
+
+    def submit(self, connection: ClientConnection, message: object) -> None:
+        """Queue an append, mount or flush; stop reading the connection while full."""
+        self._queue.append((connection, message))
+        self._queue_ready.set()
+        if len(self._queue) >= self.settings.max_queue and connection not in self._paused:
+            connection.pause_reading()
+            self._paused.add(connection)
+
+    async def _append_loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._queue_ready.clear()
+                await self._queue_ready.wait()
+                continue
+            if self.state != State.ACTIVE:
+                await self._active.wait()
+                continue
+            connection, message = self._queue.popleft()
+            if self._paused and len(self._queue) <= self.settings.max_queue // 2:
+                for conn in self._paused:
+                    conn.resume_reading()
+                self._paused.clear()
+            if connection.closed:
+                continue
+            try:
+                if isinstance(message, AppendRequest):
+                    self._append(connection, message)
+                elif isinstance(message, MountRequest):
+                    self._mount(connection, message)
+                elif isinstance(message, FlushRequest):
+                    self._flush(connection, message)
+            except Exception:
+                log.exception(
+                    "partition %d: append task failed on %s",
+                    self.partition_id,
+                    type(message).__name__,
+                )
+            if len(self._queue) % 64 == 0:
+                await asyncio.sleep(0)  # let commits and feeds run under a long burst
+
+    def _append(self, connection: ClientConnection, m: AppendRequest) -> None:
+        q = m.req_id
+        if q.generation != self.generation or self._stale(connection, q.client_id):
+            self.stats.ignored += 1
+            return
+        conflict = self.locks.conflict(m.client_high_water_mark, m.write_locks + m.read_locks)
+        if conflict is not None:
+            self.stats.lock_failures += 1
+            connection.send(LockFailure(q, conflict).encode())
+            return
+        session = self.session
+        assert session is not None
+        txid = self._next_txid
+        self._next_txid += 1
+        self.locks.commit(txid, m.write_locks + m.append_locks)
+        data = m.data
+        record = b"".join(
+            (
+                WIRE_RECORD_HEAD.pack(
+                    txid, q.client_id, q.generation, q.partition_id, q.seq, m.header, len(data)
+                ),
+                data,
+                CRC.pack(crc32(data)),
+            )
+        )
+        session.append(txid, record, len(data))
+        self.stats.appended += 1
+
+    def _stale(self, connection: ClientConnection, client_id: int) -> bool:
+        seq = connection.mounted_seq(client_id, self.partition_id)
+        newest = self._mounts.get(client_id)
+        return seq is not None and newest is not None and seq < newest
+
+    def _mount(self, connection: ClientConnection, m: MountRequest) -> None:
+        q = m.req_id
+        if q.generation != self.generation:
+            connection.send(MountResponse(q, MountStatus.STALE_GENERATION).encode())
+            return
+        if m.connection_seq < self._mounts.get(q.client_id, -1):
+            connection.send(MountResponse(q, MountStatus.STALE_CONNECTION).encode())
+            return
+        self._mounts[q.client_id] = m.connection_seq
+        for sub in list(self.subscriptions):  # the client's older feeds of this partition
+            if sub.req_id.client_id == q.client_id and sub.connection is not connection:
+                self._drop(sub)
+        sub = self.subscribe(connection, q, m.client_high_water_mark)
+        frame = MountResponse(q, MountStatus.READY).encode()
+        self._barrier(lambda through: sub.add_marker(through, frame))
+
+    def _flush(self, connection: ClientConnection, m: FlushRequest) -> None:
+        q = m.req_id
+
+        def answer(through: int) -> None:
+            frame = FlushResponse(q, self.high_water_mark).encode()
+            for sub in self.subscriptions:
+                if sub.connection is connection:
+                    sub.add_marker(through, frame)
+                    return
+            connection.send(frame)
+
+        self._barrier(answer)
+
+    def _barrier(self, callback: Callable[[int], None]) -> None:
+        """Call back with the last transaction to deliver first, once every append queued
+        so far is resolved."""
+        self._barriers.append((self._next_txid - 1, self._epoch, callback))
+        self._resolve_barriers()
+
+    def _resolve_barriers(self) -> None:
+        keep = []
+        for target, epoch, callback in self._barriers:
+            if self.high_water_mark >= target or self._epoch > epoch:
+                callback(min(target, self.high_water_mark))
+            else:
+                keep.append((target, epoch, callback))
+        self._barriers = keep
+
+    # --- commits and feeds ------------------------------------------------------------
+
+    def _committed(self, batch: RecordBatch, started: float) -> None:
+        buf = batch.buf
+        head = WIRE_RECORD_HEAD.size
+        for txid, pos, length in batch.spans:
+            self.feed_cache.add(txid, buf[pos : pos + RECORD_HEADER.size])
+            self.data_cache.put(txid, buf[pos + head : pos + head + length])
+        self.high_water_mark = batch.last_txid
+        self.stats.committed += len(batch.spans)
+        self._observe_commit(time.perf_counter() - started)
+        if self._barriers:
+            self._resolve_barriers()
+        self._wake_feeds()
+
+    def _wake_feeds(self) -> None:
+        for sub in self.subscriptions:
+            sub.wake.set()
+
+    def subscribe(
+        self, connection: ClientConnection, req_id: ReqId, client_hwm: int
+    ) -> Subscription:
+        sub = Subscription(self, connection, req_id, client_hwm)
+        self.subscriptions.add(sub)
+        return sub
+
+    def _drop(self, sub: Subscription) -> None:
+        sub.task.cancel()
+        self.subscriptions.discard(sub)
+
+    def disconnect(self, connection: ClientConnection) -> None:
+        for sub in [s for s in self.subscriptions if s.connection is connection]:
+            self._drop(sub)
+        self._paused.discard(connection)
+
+    async def read_headers(self, start: int, stop: int) -> list[bytes]:
+        cached = self.feed_cache.get(start, stop)
+        if cached is not None:
+            return cached
+        session = self.session
+        member = session.reader(stop) if session is not None else None
+        if member is None:
+            await asyncio.sleep(0.05)
+            return []
+        try:
+            headers = await member.client.record_headers(
+                session.session_id, self.partition_id, start, stop - start + 1
+            )
+        except Exception as e:
+            log.info("partition %d: feed read %d..%d failed: %s", self.partition_id, start, stop, e)
+            await asyncio.sleep(0.1)
+            return []
+        return [h.encode() for h in headers if h.transaction_id <= stop]
+
+    async def transaction_data(self, txid: int) -> bytes:
+        """Committed data of ``txid``. Raises LookupError (not committed) or RuntimeError."""
+        if not 0 <= txid <= self.high_water_mark:
+            raise LookupError(
+                f"transaction {txid} is not committed (high-water mark {self.high_water_mark})"
+            )
+        data = self.data_cache.get(txid)
+        if data is not None:
+            return data
+        session = self.session
+        member = session.reader(txid) if session is not None else None
+        if member is None:
+            raise RuntimeError(f"partition {self.partition_id} has no readable replica now")
+        record = await member.client.record(session.session_id, self.partition_id, txid)
+        self.data_cache.put(txid, record.data)
+        return record.data
+
+    async def read_range(self, start: int, max_records: int, max_bytes: int) -> RecordBatch:
+        hwm = self.high_water_mark
+        if start > hwm:
+            return RecordBatch(b"", [])
+        session = self.session
+        member = session.reader(hwm) if session is not None else None
+        if member is None:
+            raise RuntimeError(f"partition {self.partition_id} has no readable replica now")
+        count = min(max_records, hwm - start + 1)
+        batch = await member.client.records(session.session_id, self.partition_id, start, count)
+        spans, size = [], 0
+        for span in batch.spans:
+            if span[0] > hwm or (spans and size + span[2] > max_bytes):
+                break
+            spans.append(span)
+            size += span[2]
+        if len(spans) == len(batch.spans):
+            return batch
+        end = spans[-1][1] + WIRE_RECORD_HEAD.size + spans[-1][2] + CRC.size if spans else 0
+        return RecordBatch(batch.buf[:end], spans)
+
+
+async def _reachable(address: str, timeout: float = 1.0) -> bool:
+    """Whether a storage node answers the handshake (a returning replica: time for a new
+    session that includes it)."""
+    host, _, port = address.rpartition(":")
+    try:
+        client = await StorageClient.connect(host, int(port), timeout=timeout)
+    except (TimeoutError, OSError, ProtocolError):
+        return False
+    await client.close()
+    return True

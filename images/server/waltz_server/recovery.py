@@ -1,0 +1,156 @@
+"""The decisions of the spec's Recovery Procedure, pure and deterministic.
+
+A store session S starts by resolving what the last *writing* session W
+committed. W is the highest session any replica state in the partition
+metadata names: a session writes only after it recorded its members there
+(state ``(W, UNRESOLVED)``), so a session that died during its own recovery
+wrote nothing and is not W. Each reachable replica is classified by comparing
+its replica state (ZooKeeper) with what the storage node reports (the session
+that last set its low-water mark, ``L``):
+
+- ``MEMBER``: state session == L == W. Its log is the committed prefix W
+  started from plus W's appends, some perhaps uncommitted: it votes its
+  maximum transaction ID.
+- ``CLEAN``: L > state session. A later session cleaned it (truncated and
+  caught it up to a decided mark, then set the low-water mark) and died
+  before writing: its whole log is committed; it votes its maximum.
+- ``RESOLVED``: state session == L < W with a resolved closing mark X: it
+  left session L, whose committed end is X, so anything above X is dirty.
+  Truncate to X first; it votes min(max, X).
+- ``UNKNOWN``: anything else (a new replica, or a storage that lost its
+  control file): only its own low-water mark is known clean. Truncate to it
+  first; it votes that mark.
+
+Only W's members can hold W's transactions, so only offline members make
+the vote undecidable; the rest vote low. After the vote decides C, every
+reachable replica is truncated to C, caught up to C from a replica holding
+it, and gets low-water mark C for session S; those become S's members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from waltz_client.cluster.metadata import (
+    NO_SESSION,
+    UNRESOLVED,
+    PartitionMetadata,
+    ReplicaState,
+)
+
+from .recovery_vote import Decided, Undecidable, vote
+
+
+class Standing(Enum):
+    MEMBER = "member of the last writing session"
+    CLEAN = "cleaned by a later session"
+    RESOLVED = "left an earlier session with a resolved closing mark"
+    UNKNOWN = "state unknown: trusted up to its own low-water mark"
+
+
+@dataclass(frozen=True)
+class StorageView:
+    """What a reachable storage node reports for the partition."""
+
+    last_session_id: int  # the session that last set its low-water mark
+    low_water_mark: int
+    local_low_water_mark: int
+    max_transaction_id: int
+
+
+@dataclass(frozen=True)
+class Assessment:
+    standing: Standing
+    truncate_to: int | None  # before the vote; None: keep everything
+    vote: int  # the highest transaction ID it holds that is certainly not dirty
+
+
+def writing_session(metadata: PartitionMetadata) -> int:
+    return max((r.session_id for r in metadata.replicas.values()), default=NO_SESSION)
+
+
+def assess(state: ReplicaState, view: StorageView, writer: int) -> Assessment:
+    top = view.max_transaction_id
+    if state.session_id == view.last_session_id == writer:
+        return Assessment(Standing.MEMBER, None, top)
+    if view.last_session_id > state.session_id:
+        return Assessment(Standing.CLEAN, None, top)
+    if state.session_id == view.last_session_id and state.closing_high_water_mark != UNRESOLVED:
+        closing = state.closing_high_water_mark
+        return Assessment(Standing.RESOLVED, closing if top > closing else None, min(top, closing))
+    floor = view.local_low_water_mark
+    return Assessment(Standing.UNKNOWN, floor if top > floor else None, min(top, floor))
+
+
+def decide(
+    metadata: PartitionMetadata,
+    replicas: Iterable[str],
+    views: Mapping[str, StorageView],
+) -> tuple[dict[str, Assessment], Decided | Undecidable]:
+    """Assess every reachable replica and vote. ``replicas`` is the partition's current
+    replica set; those missing from ``views`` are offline."""
+    writer = writing_session(metadata)
+    assessments: dict[str, Assessment] = {}
+    marks: list[int] = []
+    offline = 0
+    for address in sorted(set(replicas)):
+        state = metadata.replicas.get(address, ReplicaState())
+        view = views.get(address)
+        if view is None:
+            if state.session_id == writer and state.closing_high_water_mark == UNRESOLVED:
+                offline += 1  # may hold W's transactions
+            else:
+                marks.append(-1)  # cannot hold anything W committed that others lack
+            continue
+        a = assess(state, view, writer)
+        assessments[address] = a
+        marks.append(a.vote)
+    return assessments, vote(marks, offline)
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    truncate_to: int | None  # remove a dirty tail above the decided mark
+    catch_up_from: int | None  # first transaction ID to copy from another replica
+
+
+def plan_replica(position: int, decided: int) -> ReplicaPlan:
+    """``position``: the replica's max transaction ID after its pre-vote truncation."""
+    if position > decided:
+        return ReplicaPlan(decided, None)
+    if position < decided:
+        return ReplicaPlan(None, position + 1)
+    return ReplicaPlan(None, None)
+
+
+def pick_source(positions: Mapping[str, int], votes: Mapping[str, int], decided: int) -> str:
+    """A replica whose certainly-clean log reaches ``decided`` (the vote guarantees one)."""
+    for address in sorted(votes):
+        if votes[address] >= decided and positions.get(address, -1) >= decided:
+            return address
+    raise ValueError(f"no replica holds the decided high-water mark {decided}")
+
+
+def closing_metadata(
+    metadata: PartitionMetadata,
+    generation: int,
+    session_id: int,
+    replicas: Iterable[str],
+    members: Iterable[str],
+    decided: int,
+) -> PartitionMetadata:
+    """Step 6: the new session's members become ``(S, UNRESOLVED)``; replicas that left a
+    session with an unresolved closing mark get the decided one; others keep theirs."""
+    member_set = set(members)
+    states: dict[str, ReplicaState] = {}
+    for address in sorted(set(replicas) | set(metadata.replicas)):
+        old = metadata.replicas.get(address, ReplicaState())
+        if address in member_set:
+            states[address] = ReplicaState(session_id, UNRESOLVED)
+        elif old.closing_high_water_mark == UNRESOLVED:
+            states[address] = ReplicaState(old.session_id, decided)
+        else:
+            states[address] = old
+    return PartitionMetadata(generation, session_id, states)

@@ -1,0 +1,226 @@
+"""Running the Recovery Procedure against real storage nodes and ZooKeeper.
+
+The decisions are ``recovery.py``'s; this shell does the I/O in the spec's
+order: a new session ID by compare-and-set on the partition metadata (which
+also records this owner's generation, refusing an older one), replica
+sessions to every assigned storage node (the first request with the new
+session fences the old one there), truncation of dirty tails, the vote
+(waiting while it is undecidable), catch-up of replicas behind the decided
+mark, low-water marks, and the metadata's replica states by compare-and-set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from waltz_client.cluster.metadata import PartitionMetadata
+from waltz_client.wire.errors import ProtocolError
+from waltz_client.wire.records import RecordBatch
+from waltz_client.wire.storage_client import StorageClient, StorageFailure
+from waltz_client.wire.storage_messages import StorageError
+
+from .recovery import StorageView, closing_metadata, decide, pick_source, plan_replica
+from .recovery_vote import Undecidable, majority
+from .store_session import Member, StoreSession
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_CHUNK = 2000
+
+
+class Superseded(Exception):
+    """A newer generation owns the partition: this server must stop serving it."""
+
+
+class MetadataConflict(Exception):
+    """The partition metadata changed under a compare-and-set."""
+
+
+class RecoveryStalled(Exception):
+    """This attempt cannot finish now (too few replicas, a newer session appeared...)."""
+
+
+class MetadataStore(Protocol):
+    async def read(self, partition_id: int) -> tuple[PartitionMetadata, int]: ...
+
+    async def write(self, partition_id: int, metadata: PartitionMetadata, version: int) -> int:
+        """Compare-and-set; the new version. Raises MetadataConflict."""
+        ...
+
+
+@dataclass(frozen=True)
+class RecoveryContext:
+    partition_id: int
+    generation: int
+    replicas: tuple[str, ...]  # host:port of every storage node assigned the partition
+    cluster_key: uuid.UUID
+    num_partitions: int
+    metadata: MetadataStore
+    connect_timeout: float = 5.0
+    retry_delay: float = 1.0
+    max_batch_bytes: int = 4 * 1024 * 1024
+    max_in_flight: int = 16
+
+
+_RETRYABLE = (
+    StorageFailure,
+    ConnectionError,
+    OSError,
+    ProtocolError,
+    asyncio.TimeoutError,
+    MetadataConflict,
+    RecoveryStalled,
+)
+
+
+async def start_session(
+    ctx: RecoveryContext,
+    on_commit: Callable[[RecordBatch, float], None],
+    report: Callable[[str], None] = lambda status: None,
+) -> StoreSession:
+    """Recover the partition and open a store session; retries until it succeeds or the
+    partition is superseded (raises Superseded)."""
+    while True:
+        try:
+            return await _attempt(ctx, on_commit, report)
+        except Superseded:
+            raise
+        except _RETRYABLE as e:
+            report(f"recovery retrying: {e}")
+            log.warning("partition %d: recovery attempt failed: %s", ctx.partition_id, e)
+            await asyncio.sleep(ctx.retry_delay)
+
+
+async def _new_session_id(ctx: RecoveryContext) -> tuple[PartitionMetadata, int]:
+    meta, version = await ctx.metadata.read(ctx.partition_id)
+    if meta.generation > ctx.generation:
+        raise Superseded(
+            f"partition {ctx.partition_id}: generation {meta.generation} is newer than ours "
+            f"({ctx.generation})"
+        )
+    meta = replace(meta, generation=ctx.generation, session_id=meta.session_id + 1)
+    version = await ctx.metadata.write(ctx.partition_id, meta, version)
+    return meta, version
+
+
+async def _connect(ctx: RecoveryContext, address: str, session_id: int):
+    host, _, port = address.rpartition(":")
+    client = await StorageClient.connect(host, int(port), timeout=ctx.connect_timeout)
+    try:
+        await client.open(ctx.cluster_key, ctx.num_partitions)
+        p = ctx.partition_id
+        info = await asyncio.wait_for(client.last_session_info(session_id, p), ctx.connect_timeout)
+        top = await asyncio.wait_for(client.max_transaction_id(session_id, p), ctx.connect_timeout)
+    except BaseException:
+        await client.close()
+        raise
+    view = StorageView(info.last_session_id, info.low_water_mark, info.local_low_water_mark, top)
+    return client, view
+
+
+async def _attempt(ctx, on_commit, report) -> StoreSession:
+    p = ctx.partition_id
+    meta, version = await _new_session_id(ctx)
+    session_id = meta.session_id
+    report(f"recovering in session {session_id}")
+    clients: dict[str, StorageClient] = {}
+    views: dict[str, StorageView] = {}
+    handed_over = False
+    try:
+        while True:
+            missing = [a for a in ctx.replicas if a not in clients]
+            results = await asyncio.gather(
+                *(_connect(ctx, a, session_id) for a in missing), return_exceptions=True
+            )
+            for address, result in zip(missing, results, strict=True):
+                if (
+                    isinstance(result, StorageFailure)
+                    and result.error == StorageError.SESSION_FENCED
+                ):
+                    raise RecoveryStalled(f"a newer session exists: {result}")
+                if isinstance(result, BaseException):
+                    log.info("partition %d: replica %s unreachable: %s", p, address, result)
+                    continue
+                clients[address], views[address] = result
+            assessments, decision = decide(meta, ctx.replicas, views)
+            if not isinstance(decision, Undecidable):
+                break
+            report(f"waiting: {decision}")
+            log.warning("partition %d: %s", p, decision)
+            await asyncio.sleep(ctx.retry_delay)
+        decided = decision.high_water_mark
+        positions: dict[str, int] = {}
+        for address, a in assessments.items():
+            if a.truncate_to is not None:
+                await clients[address].truncate(session_id, p, a.truncate_to)
+            positions[address] = a.vote
+        votes = {a: x.vote for a, x in assessments.items()}
+        members: dict[str, Member] = {}
+        for address, client in clients.items():
+            try:
+                await _clean(ctx, session_id, client, clients, positions, votes, address, decided)
+            except _RETRYABLE as e:
+                log.warning(
+                    "partition %d: replica %s left out of session %d: %s", p, address, session_id, e
+                )
+                continue
+            members[address] = Member(address, client, decided)
+        if len(members) < majority(len(ctx.replicas)):
+            raise RecoveryStalled(
+                f"only {len(members)} of {len(ctx.replicas)} replicas are clean at {decided}"
+            )
+        new_meta = closing_metadata(
+            meta, ctx.generation, session_id, ctx.replicas, members, decided
+        )
+        await ctx.metadata.write(p, new_meta, version)
+        log.info(
+            "partition %d: session %d recovered to high-water mark %d with replicas %s",
+            p,
+            session_id,
+            decided,
+            ", ".join(sorted(members)),
+        )
+        session = StoreSession(
+            p,
+            session_id,
+            members,
+            len(ctx.replicas),
+            decided,
+            on_commit,
+            max_batch_bytes=ctx.max_batch_bytes,
+            max_in_flight=ctx.max_in_flight,
+        )
+        for address in set(clients) - set(members):
+            await clients[address].close()
+        handed_over = True
+        return session
+    finally:
+        if not handed_over:
+            for client in clients.values():
+                with contextlib.suppress(Exception):
+                    await client.close()
+
+
+async def _clean(ctx, session_id, client, clients, positions, votes, address, decided) -> None:
+    """Bring one replica to exactly the committed prefix ``..decided`` and mark it clean."""
+    p = ctx.partition_id
+    plan = plan_replica(positions[address], decided)
+    if plan.truncate_to is not None:
+        await client.truncate(session_id, p, plan.truncate_to)
+    if plan.catch_up_from is not None:
+        source = clients[pick_source(positions, votes, decided)]
+        next_txid = plan.catch_up_from
+        while next_txid <= decided:
+            count = min(CATCH_UP_CHUNK, decided - next_txid + 1)
+            batch = await source.records(session_id, p, next_txid, count)
+            if not len(batch) or batch.first_txid != next_txid:
+                raise RecoveryStalled(f"catch-up source returned {batch!r} for {next_txid}")
+            await client.append(session_id, p, batch)
+            next_txid = batch.last_txid + 1
+    await client.set_low_water_mark(session_id, p, decided)

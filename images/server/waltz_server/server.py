@@ -1,0 +1,171 @@
+"""The server daemon's state: the partitions it owns, its client listener, its coordinator.
+
+Ownership from ZooKeeper decides which partitions run here: a partition
+that appears (or comes back with a new generation) is started, one that
+leaves is stopped and its feeds suspended. Losing the ZooKeeper session
+stops them all at once. A change in a partition's replica set restarts it
+so that its next store session covers the new replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from waltz_client.cluster.metadata import ReplicaAssignment
+
+from .config import ServerConfig
+from .connection import ClientConnectionHandler
+from .coordinator import ServerCoordinator
+from .metrics import ServerMetrics
+from .partition import Partition, PartitionSettings
+from .recovery_manager import RecoveryContext
+
+log = logging.getLogger(__name__)
+
+
+class WaltzServer:
+    def __init__(self, config: ServerConfig, coordinator: ServerCoordinator) -> None:
+        self.config = config
+        self.coordinator = coordinator
+        self.partitions: dict[int, Partition] = {}
+        self.connections: set[ClientConnectionHandler] = set()
+        self.metrics = ServerMetrics(self)
+        self.partition_settings = PartitionSettings(
+            lock_table_size=config.lock_table_size,
+            lock_hashes=config.lock_hashes,
+            feed_cache_bytes=config.feed_cache_bytes,
+            data_cache_bytes=config.data_cache_bytes,
+            max_queue=config.max_queue,
+            checkpoint_interval=config.checkpoint_interval,
+        )
+        self._owned: dict[int, int] = {}
+        self._changes: asyncio.Queue[None] = asyncio.Queue()
+        self._listener: asyncio.Server | None = None
+        self._reconciler: asyncio.Task | None = None
+
+    # --- listening ----------------------------------------------------------------------
+
+    async def listen(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(
+            self._new_connection, host, port, reuse_address=True
+        )
+        self._reconciler = loop.create_task(self._reconcile_loop())
+        return self._listener.sockets[0].getsockname()[1]
+
+    def _new_connection(self) -> ClientConnectionHandler:
+        conn = ClientConnectionHandler(
+            self.partitions.get,
+            self.config.max_frame_bytes,
+            self.config.max_data_bytes,
+            self._connection_closed,
+            self.metrics.client_errors.labels,
+        )
+        self.connections.add(conn)
+        self.metrics.connections.inc()
+        return conn
+
+    def _connection_closed(self, conn: ClientConnectionHandler) -> None:
+        self.connections.discard(conn)
+        for p in conn.partitions_touched:
+            partition = self.partitions.get(p)
+            if partition is not None:
+                partition.disconnect(conn)
+
+    # --- ownership ----------------------------------------------------------------------
+
+    def ownership_changed(self, owned: dict[int, int]) -> None:
+        self._owned = dict(owned)
+        self._changes.put_nowait(None)
+
+    def assignment_changed(self, assignment: ReplicaAssignment) -> None:
+        self._changes.put_nowait(None)
+
+    def session_lost(self) -> None:
+        """Stop serving at once; ownership is re-read when a new session starts."""
+        self._owned = {}
+        for partition in list(self.partitions.values()):
+            asyncio.get_running_loop().create_task(self._stop(partition, "ZooKeeper session lost"))
+        self.partitions.clear()
+
+    def superseded(self, partition_id: int, reason: str) -> None:
+        partition = self.partitions.get(partition_id)
+        if partition is not None:
+            self.partitions.pop(partition_id, None)
+            asyncio.get_running_loop().create_task(self._stop(partition, reason))
+
+    async def _stop(self, partition: Partition, reason: str) -> None:
+        log.info("partition %d: stopping: %s", partition.partition_id, reason)
+        await partition.stop(reason)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self._changes.get()
+            while not self._changes.empty():
+                self._changes.get_nowait()
+            try:
+                await self._reconcile()
+            except Exception:
+                log.exception("applying an ownership change failed")
+
+    async def _reconcile(self) -> None:
+        assignment = self.coordinator.assignment
+        params = self.coordinator.params
+        if assignment is None or params is None:
+            return
+        for p, partition in list(self.partitions.items()):
+            want = self._owned.get(p)
+            replicas = tuple(assignment.replicas_of(p))
+            if want != partition.generation or replicas != partition.context.replicas:
+                self.partitions.pop(p)
+                why = (
+                    "moved to another server"
+                    if want is None
+                    else (
+                        f"generation {want}" if want != partition.generation else "replicas changed"
+                    )
+                )
+                await self._stop(partition, why)
+        for p, generation in sorted(self._owned.items()):
+            if p in self.partitions:
+                continue
+            replicas = tuple(assignment.replicas_of(p))
+            if not replicas:
+                log.warning("partition %d has no replicas assigned; not serving it", p)
+                continue
+            context = RecoveryContext(
+                partition_id=p,
+                generation=generation,
+                replicas=replicas,
+                cluster_key=params.key,
+                num_partitions=params.num_partitions,
+                metadata=self.coordinator,
+                connect_timeout=self.config.storage_timeout,
+                max_batch_bytes=self.config.max_batch_bytes,
+                max_in_flight=self.config.max_in_flight,
+            )
+            partition = Partition(
+                context,
+                self.partition_settings,
+                self.superseded,
+                self.metrics.commit_seconds.labels(str(p)).observe,
+            )
+            self.partitions[p] = partition
+            partition.start()
+            log.info(
+                "partition %d: serving with generation %d, replicas %s",
+                p,
+                generation,
+                ", ".join(replicas),
+            )
+
+    async def close(self) -> None:
+        if self._reconciler is not None:
+            self._reconciler.cancel()
+        if self._listener is not None:
+            self._listener.close()
+        await asyncio.gather(*(p.stop("server shutting down") for p in self.partitions.values()))
+        self.partitions.clear()
+        for conn in list(self.connections):
+            conn.close()

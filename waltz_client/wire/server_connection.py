@@ -1,0 +1,133 @@
+"""One connection to a server: handshake, pipelined sends, every message from the server.
+
+The building block of the client library (which keeps a stream and an RPC
+connection per server) and of tools and tests. ``send`` writes at once;
+messages the server sends arrive, in order, at the ``on_message`` callback
+(or in ``messages``, a queue, when no callback is given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from .client_messages import SERVER_PROTOCOL_VERSIONS, ClientMessage, decode_server_response
+from .errors import HandshakeError, ProtocolError
+from .framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    HANDSHAKE_BYTES,
+    FrameDecoder,
+    HandshakeStatus,
+    Hello,
+    HelloReply,
+    Service,
+)
+from .records import DEFAULT_MAX_DATA_BYTES
+
+log = logging.getLogger(__name__)
+
+
+class ServerConnectionClosed(ConnectionError):
+    pass
+
+
+class ServerConnection:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        endpoint: str,
+        on_message: Callable[[ClientMessage], None] | None,
+        max_frame_bytes: int,
+        max_data_bytes: int,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.endpoint = endpoint
+        self.messages: asyncio.Queue[ClientMessage] = asyncio.Queue()
+        self._on_message = on_message or self.messages.put_nowait
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._max_data_bytes = max_data_bytes
+        self.closed_reason: str | None = None
+        self.closed_event = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        on_message: Callable[[ClientMessage], None] | None = None,
+        timeout: float = 10.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+    ) -> ServerConnection:
+        endpoint = f"{host}:{port}"
+
+        async def dial() -> ServerConnection:
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                lo, hi = SERVER_PROTOCOL_VERSIONS.start, SERVER_PROTOCOL_VERSIONS.stop - 1
+                writer.write(Hello(Service.SERVER, lo, hi).encode())
+                reply = HelloReply.decode(await reader.readexactly(HANDSHAKE_BYTES))
+                if reply.status != HandshakeStatus.OK:
+                    raise HandshakeError(f"server {endpoint} refused: {reply.status.name}")
+            except BaseException:
+                writer.close()
+                raise
+            return cls(reader, writer, endpoint, on_message, max_frame_bytes, max_data_bytes)
+
+        return await asyncio.wait_for(dial(), timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_reason is not None
+
+    def send(self, message: ClientMessage) -> None:
+        self.send_frame(message.encode())
+
+    def send_frame(self, frame: bytes) -> None:
+        if self.closed_reason is not None:
+            raise ServerConnectionClosed(f"{self.endpoint}: {self.closed_reason}")
+        self._writer.write(frame)
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    async def _read_loop(self) -> None:
+        reason = "closed by the server"
+        try:
+            while True:
+                data = await self._reader.read(256 * 1024)
+                if not data:
+                    break
+                for message_type, body in self._decoder.feed(data):
+                    self._on_message(
+                        decode_server_response(message_type, body, self._max_data_bytes)
+                    )
+        except (ProtocolError, OSError) as e:
+            reason = f"{type(e).__name__}: {e}"
+            log.warning("connection to %s failed: %s", self.endpoint, reason)
+        finally:
+            self.closed_reason = reason
+            self.closed_event.set()
+            self._writer.close()
+
+    async def close(self) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = "closed by this client"
+        self._writer.close()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+
+    async def __aenter__(self) -> ServerConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
