@@ -68,15 +68,23 @@ class LocalCluster:
         storage_args: list[str] | None = None,
         servers: int = 2,
         server_args: list[str] | None = None,
+        external_zookeeper: str | None = None,
     ) -> None:
+        """``external_zookeeper``: use that ensemble (tests share one) instead of starting
+        an embedded ZooKeeper."""
         self.data_dir = os.path.abspath(data_dir)
         self.storage_args = storage_args or []
         self.server_args = server_args or []
         self.layout = self._load_or_plan(storages, partitions, replicas, name, root)
         self._plan_servers(servers)
-        self.zookeeper = EmbeddedZooKeeper(
-            os.path.join(self.data_dir, "zookeeper"), port=self.layout.zookeeper_port, host=HOST
-        )
+        self.external_zookeeper = external_zookeeper
+        self.zookeeper: EmbeddedZooKeeper | None = None
+        if external_zookeeper is None:
+            self.zookeeper = EmbeddedZooKeeper(
+                os.path.join(self.data_dir, "zookeeper"),
+                port=self.layout.zookeeper_port,
+                host=HOST,
+            )
         self.storages = [self._storage_process(i) for i in range(len(self.layout.storage_ports))]
         self.servers = [self._server_process(i) for i in range(servers)]
         self.created: CreateResult | None = None
@@ -194,12 +202,15 @@ class LocalCluster:
 
     @property
     def zookeeper_connect(self) -> str:
+        if self.external_zookeeper is not None:
+            return self.external_zookeeper
         return f"{HOST}:{self.layout.zookeeper_port}"
 
     def start(self, progress=lambda message: None) -> None:
         try:
-            progress(f"starting ZooKeeper on {self.zookeeper_connect}")
-            self.zookeeper.start()
+            if self.zookeeper is not None:
+                progress(f"starting ZooKeeper on {self.zookeeper_connect}")
+                self.zookeeper.start()
             zk = connect(self.zookeeper_connect)
             try:
                 self.created = create_cluster(
@@ -238,7 +249,8 @@ class LocalCluster:
             proc.stop()
         for proc in self.storages:
             proc.stop()
-        self.zookeeper.stop()
+        if self.zookeeper is not None:
+            self.zookeeper.stop()
 
     def __enter__(self) -> LocalCluster:
         self.start()

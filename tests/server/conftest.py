@@ -1,0 +1,238 @@
+"""Fixtures for server tests: a real cluster (shared ZooKeeper, storage and server processes)
+and a small protocol-level client of one partition.
+
+``PartitionClient`` speaks the client <-> server messages directly (the
+client library is built on the same messages); it records what a client
+can observe: the feed, lock failures, mount and flush answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from waltz_client.cluster.admin import read_cluster
+from waltz_client.cluster.metadata import PartitionMetadata
+from waltz_client.cluster.paths import ClusterPaths
+from waltz_client.cluster.zk import close, connect
+from waltz_client.local.cluster import LocalCluster
+from waltz_client.wire.client_messages import (
+    AppendRequest,
+    ClientMessage,
+    FeedData,
+    FeedSuspended,
+    FlushRequest,
+    FlushResponse,
+    LockFailure,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+)
+from waltz_client.wire.records import RecordHeader, ReqId
+from waltz_client.wire.server_connection import ServerConnection
+from waltz_storage.inspect import read_records, segment_paths
+
+FAST_FAILOVER = ["--zk-session-timeout", "4"]
+
+
+def ownership(cluster: LocalCluster) -> dict[int, tuple[str | None, int]]:
+    zk = connect(cluster.zookeeper_connect)
+    try:
+        return read_cluster(zk, cluster.layout.root).ownership.partitions
+    finally:
+        close(zk)
+
+
+def partition_metadata(cluster: LocalCluster, partition: int) -> PartitionMetadata:
+    zk = connect(cluster.zookeeper_connect)
+    try:
+        data, _ = zk.get(ClusterPaths.of(cluster.layout.root).partition(partition))
+        return PartitionMetadata.decode(data)
+    finally:
+        close(zk)
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def owner_of(cluster: LocalCluster, partition: int, not_server: str | None = None):
+    """(server index, generation) once the partition has a live owner (other than
+    ``not_server``)."""
+
+    def ready():
+        owner, generation = ownership(cluster).get(partition, (None, 0))
+        if owner is None or owner == not_server:
+            return None
+        return int(owner.split("-")[1]), generation
+
+    return wait_for(ready, 30, f"an owner of partition {partition}")
+
+
+def replica_logs(cluster: LocalCluster, partition: int) -> list[list]:
+    """Every storage node's records of the partition, read from its files (stop it first)."""
+    logs = []
+    for i in range(len(cluster.storages)):
+        directory = os.path.join(cluster.data_dir, f"storage-{i}", str(partition))
+        records = []
+        if os.path.isdir(directory):
+            for path in segment_paths(directory):
+                records += [r for _, r, problem in read_records(path) if problem is None]
+        logs.append(records)
+    return logs
+
+
+class PartitionClient:
+    """One client's view of one partition, over one stream connection."""
+
+    _ids = itertools.count(1000)
+
+    def __init__(self, cluster: LocalCluster, partition: int, client_id: int | None = None):
+        self.cluster = cluster
+        self.partition = partition
+        self.client_id = client_id if client_id is not None else next(self._ids)
+        self.connection_seq = 0
+        self.generation = -1
+        self.conn: ServerConnection | None = None
+        self.feed: list[RecordHeader] = []
+        self.lock_failures: dict[ReqId, int] = {}
+        self.suspended: list[str] = []
+        self._seq = itertools.count(1)
+        self._waiters: dict[ReqId, asyncio.Future] = {}
+        self._feed_changed = asyncio.Event()
+
+    @property
+    def high_water_mark(self) -> int:
+        return self.feed[-1].transaction_id if self.feed else -1
+
+    def req_id(self) -> ReqId:
+        return ReqId(self.client_id, self.generation, self.partition, next(self._seq))
+
+    def _on_message(self, m: ClientMessage) -> None:
+        if isinstance(m, FeedData):
+            for h in m.headers:
+                assert h.transaction_id == self.high_water_mark + 1, (
+                    f"feed gap or repeat: {h.transaction_id} after {self.high_water_mark}"
+                )
+                self.feed.append(h)
+            self._feed_changed.set()
+        elif isinstance(m, LockFailure):
+            self.lock_failures[m.req_id] = m.transaction_id
+        elif isinstance(m, FeedSuspended):
+            self.suspended.append(m.reason)
+        future = self._waiters.pop(m.req_id, None)
+        if future is not None and not future.done():
+            future.set_result(m)
+
+    async def mount(self, timeout: float = 60.0) -> None:
+        """Find the owner and mount at our high-water mark (again after a move)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.conn is not None:
+                await self.conn.close()
+                self.conn = None
+            index, self.generation = await asyncio.to_thread(owner_of, self.cluster, self.partition)
+            port = self.cluster.servers[index].ready["port"]
+            try:
+                self.conn = await ServerConnection.connect(
+                    "127.0.0.1", port, on_message=self._on_message
+                )
+                self.connection_seq += 1
+                q = self.req_id()
+                answer = self._expect(q)
+                self.conn.send(MountRequest(q, self.high_water_mark, self.connection_seq))
+                response = await asyncio.wait_for(answer, max(1.0, deadline - time.monotonic()))
+                if isinstance(response, MountResponse) and response.status == MountStatus.READY:
+                    return
+            except (TimeoutError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"could not mount partition {self.partition}")
+            await asyncio.sleep(0.3)
+
+    def _expect(self, q: ReqId) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[q] = future
+        return future
+
+    def append(
+        self,
+        data: bytes,
+        *,
+        write_locks: tuple[int, ...] = (),
+        read_locks: tuple[int, ...] = (),
+        append_locks: tuple[int, ...] = (),
+        client_high_water_mark: int | None = None,
+        header: int = 0,
+    ) -> ReqId:
+        assert self.conn is not None
+        q = self.req_id()
+        hwm = self.high_water_mark if client_high_water_mark is None else client_high_water_mark
+        self.conn.send(AppendRequest(q, hwm, write_locks, read_locks, append_locks, header, data))
+        return q
+
+    async def flush(self, timeout: float = 60.0) -> int:
+        assert self.conn is not None
+        q = self.req_id()
+        answer = self._expect(q)
+        self.conn.send(FlushRequest(q))
+        response = await asyncio.wait_for(answer, timeout)
+        assert isinstance(response, FlushResponse), response
+        return response.transaction_id
+
+    async def wait_feed(self, txid: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.high_water_mark < txid:
+            self._feed_changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"feed stopped at {self.high_water_mark}, waiting for {txid}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._feed_changed.wait(), remaining)
+
+    def committed(self) -> set[ReqId]:
+        return {h.req_id for h in self.feed}
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            await self.conn.close()
+
+
+@pytest.fixture
+def make_cluster(zookeeper, zk_root, tmp_path) -> Iterator:
+    """Start a cluster on the shared ZooKeeper: ``make_cluster(partitions=1, servers=1)``."""
+    clusters: list[LocalCluster] = []
+
+    def make(
+        *, partitions: int = 1, servers: int = 1, storages: int = 3, server_args=()
+    ) -> LocalCluster:
+        cluster = LocalCluster(
+            str(tmp_path / f"cluster-{len(clusters)}"),
+            storages=storages,
+            partitions=partitions,
+            replicas=min(3, storages),
+            root=zk_root,
+            servers=servers,
+            server_args=[*FAST_FAILOVER, *server_args],
+            external_zookeeper=zookeeper.connect_string,
+        )
+        clusters.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
