@@ -289,6 +289,9 @@ class Partition:
             if self.state != State.ACTIVE:
                 await self._active.wait()
                 continue
+            if self.session is not None and self.session.backlogged:
+                await self.session.wait_for_room()  # storage is slow: let the queue fill
+                continue
             connection, message = self._queue.popleft()
             if self._paused and len(self._queue) <= self.settings.max_queue // 2:
                 for conn in self._paused:

@@ -78,6 +78,9 @@ class StoreSession:
         self._queued: list[bytes] = []
         self._queued_spans: list[tuple[int, int, int]] = []
         self._queued_bytes = 0
+        self._max_backlog_bytes = max_batch_bytes * max_in_flight
+        self._drained = asyncio.Event()
+        self._drained.set()
         self._in_flight: deque[_Batch] = deque()
         self._window = asyncio.Semaphore(max_in_flight)
         self._wake = asyncio.Event()
@@ -94,6 +97,17 @@ class StoreSession:
 
     def queued_records(self) -> int:
         return len(self._queued_spans) + sum(len(b.spans) for b in self._in_flight)
+
+    @property
+    def backlogged(self) -> bool:
+        """Too much queued behind a full window: the append task should wait."""
+        return self._queued_bytes >= self._max_backlog_bytes
+
+    async def wait_for_room(self) -> None:
+        """Until the backlog is below its bound, or the session ended."""
+        while self.backlogged and not self.ended.done():
+            self._drained.clear()
+            await self._drained.wait()
 
     def append(self, transaction_id: int, wire_record: bytes, data_length: int) -> None:
         """Queue one encoded wire record (the next transaction ID) for the next batch."""
@@ -115,6 +129,7 @@ class StoreSession:
             self.ended.set_exception(SessionEnded(reason))
             self.ended.exception()  # retrieved: nobody has to await it
             self._wake.set()
+            self._drained.set()
 
     async def close(self, reason: str = "closed") -> None:
         self.end(reason)
@@ -159,6 +174,8 @@ class StoreSession:
 
     def _send_batch(self) -> None:
         buf, spans = self._take_batch()
+        if not self.backlogged:
+            self._drained.set()
         batch = _Batch(spans[0][0], spans[-1][0], buf, spans, time.perf_counter())
         self._in_flight.append(batch)
         body = len(spans).to_bytes(4, "big") + buf

@@ -1,0 +1,123 @@
+"""Operating a server: back pressure, metrics, health and readiness, bad configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import PartitionClient, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def http_get(cluster, path: str, server: int = 0) -> tuple[int, str]:
+    url = f"http://127.0.0.1:{cluster.servers[server].ready['http_port']}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metric(cluster, name: str, partition: int = 0) -> float:
+    _, text = http_get(cluster, "/metrics")
+    prefix = f'{name}{{partition="{partition}"}} '
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    raise AssertionError(f"no {prefix!r} in /metrics")
+
+
+def test_a_full_queue_stops_reading_the_socket_until_storage_catches_up(make_cluster):
+    cluster = make_cluster(
+        server_args=["--max-queue", "200", "--max-in-flight", "2", "--max-batch-bytes", "65536"]
+    )
+    total = 20_000
+
+    async def scenario() -> None:
+        client = PartitionClient(cluster, 0)
+        await client.mount()
+        cluster.storages[1].pause()
+        cluster.storages[2].pause()  # no quorum acknowledges: commits stall
+        try:
+            for i in range(total):
+                client.append(b"%06d" % i + b"x" * 1000)
+            await asyncio.sleep(2)
+            queued = metric(cluster, "waltz_server_partition_queue_size")
+            assert queued <= 200 + 300, f"the server kept reading: {queued} queued"
+            assert client.conn is not None
+            unsent = client.conn._writer.transport.get_write_buffer_size()
+            assert unsent > 5_000_000, f"only {unsent} bytes wait in the client"
+            assert client.high_water_mark == -1
+        finally:
+            cluster.storages[1].resume()
+            cluster.storages[2].resume()
+        assert await client.flush(timeout=120) == total - 1
+        await client.wait_feed(total - 1)
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_metrics_health_and_readiness_follow_the_quorum(make_cluster):
+    cluster = make_cluster()
+
+    async def write(n: int) -> int:
+        client = PartitionClient(cluster, 0)
+        await client.mount()
+        for i in range(n):
+            client.append(b"m-%d" % i)
+        hwm = await client.flush()
+        await client.close()
+        return hwm
+
+    hwm = asyncio.run(write(25))
+    status, body = http_get(cluster, "/healthz")
+    assert status == 200, body
+    doc = json.loads(body)
+    assert doc["zookeeper_connected"] and doc["partitions"]["0"]["state"] == "active"
+    assert http_get(cluster, "/readyz")[0] == 200
+    assert metric(cluster, "waltz_server_partition_high_water_mark") == hwm
+    assert metric(cluster, "waltz_server_partition_live_replicas") == 3
+    assert metric(cluster, "waltz_server_partition_quorum") == 1
+    assert metric(cluster, "waltz_server_partition_committed_total") >= 25
+    assert metric(cluster, "waltz_server_partition_generation") >= 1
+
+    cluster.storages[2].kill()
+    asyncio.run(write(5))  # a write notices the lost replica and starts a new session
+    wait_for(lambda: metric(cluster, "waltz_server_partition_live_replicas") == 2, 30, "2 live")
+    assert metric(cluster, "waltz_server_partition_quorum") == 1
+    cluster.storages[1].kill()
+    asyncio.run(_append_without_waiting(cluster))
+    wait_for(lambda: http_get(cluster, "/healthz")[0] == 503, 30, "unhealthy")
+    assert metric(cluster, "waltz_server_partition_active") == 0
+    assert metric(cluster, "waltz_server_partition_quorum") == 0
+    cluster.storages[1].start()
+    wait_for(lambda: http_get(cluster, "/healthz")[0] == 200, 30, "healthy again")
+    _, text = http_get(cluster, "/metrics")
+    assert 'waltz_server_commit_seconds_bucket{le="0.01",partition="0"}' in text
+
+
+async def _append_without_waiting(cluster) -> None:
+    client = PartitionClient(cluster, 0)
+    await client.mount()
+    client.append(b"no quorum")
+    await asyncio.sleep(1)
+    await client.close()
+
+
+def test_bad_configuration_is_one_clear_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "waltz_server.main", "--zookeeper", "x", "--lock-hashes", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("waltz-server: error: setting lock_hashes")
