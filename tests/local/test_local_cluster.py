@@ -57,8 +57,10 @@ def _key(cluster: LocalCluster) -> uuid.UUID:
 
 
 def test_local_cluster_starts_serves_restarts_and_stops_cleanly(tmp_path, zookeeper_available):
+    """Storage-level checks write with their own session, so no server runs here; the
+    servers of a local cluster are exercised by tests/server."""
     data = tmp_path / "cluster"
-    cluster = LocalCluster(str(data), storages=3, partitions=2, replicas=3)
+    cluster = LocalCluster(str(data), storages=3, partitions=2, replicas=3, servers=0)
     cluster.start()
     try:
         assert cluster.created is not None and cluster.created.created
@@ -73,7 +75,7 @@ def test_local_cluster_starts_serves_restarts_and_stops_cleanly(tmp_path, zookee
         cluster.stop()
     assert all(_gone(pid) for pid in pids)
 
-    again = LocalCluster(str(data), storages=3, partitions=2, replicas=3)
+    again = LocalCluster(str(data), storages=3, partitions=2, replicas=3, servers=0)
     again.start()
     try:
         assert again.created is not None and not again.created.created
@@ -89,7 +91,7 @@ def test_local_cluster_starts_serves_restarts_and_stops_cleanly(tmp_path, zookee
 
 
 def test_storage_node_follows_assignment_changes_while_running(tmp_path, zookeeper_available):
-    cluster = LocalCluster(str(tmp_path / "c"), storages=2, partitions=4, replicas=1)
+    cluster = LocalCluster(str(tmp_path / "c"), storages=2, partitions=4, replicas=1, servers=0)
     cluster.start()
     try:
         key = _key(cluster)
