@@ -121,3 +121,20 @@ def test_bad_configuration_is_one_clear_line():
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("waltz-server: error: setting lock_hashes")
+
+
+def test_the_checkpoint_interval_starts_new_store_sessions(make_cluster):
+    cluster = make_cluster(server_args=["--checkpoint-interval", "50"])
+
+    async def write(n: int) -> None:
+        client = PartitionClient(cluster, 0)
+        await client.mount()
+        for i in range(n):
+            client.append(b"c-%d" % i)
+        await client.flush()
+        await client.close()
+
+    asyncio.run(write(60))
+    wait_for(lambda: metric(cluster, "waltz_server_partition_sessions_total") >= 2, 30, "rollover")
+    asyncio.run(write(60))
+    wait_for(lambda: metric(cluster, "waltz_server_partition_sessions_total") >= 3, 30, "rollover")

@@ -4,6 +4,8 @@ range read, a read-only feed request, and the errors for what is not committed."
 from __future__ import annotations
 
 import asyncio
+import socket
+import urllib.request
 
 import pytest
 from conftest import PartitionClient
@@ -17,6 +19,8 @@ from waltz_client.wire.client_messages import (
     TransactionDataRequest,
     TransactionDataResponse,
 )
+from waltz_client.wire.framing import HANDSHAKE_BYTES, Hello, Service
+from waltz_client.wire.records import ReqId
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -117,3 +121,45 @@ def test_a_feed_request_streams_from_the_given_high_water_mark(make_cluster):
         await reader.close()
 
     asyncio.run(scenario())
+
+
+def test_a_reader_that_stops_reading_stalls_nobody_else(make_cluster):
+    cluster = make_cluster(server_args=["--client-write-buffer-bytes", "4096"])
+    port = cluster.servers[0].ready["port"]
+
+    async def scenario() -> None:
+        writer = PartitionClient(cluster, 0)
+        await writer.mount()
+        # A subscriber that never reads: its socket buffers fill, its feed must wait alone.
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        stuck_reader, stuck_writer = await asyncio.open_connection(sock=sock)
+        stuck_writer.write(Hello(Service.SERVER, 1, 1).encode())
+        await stuck_reader.readexactly(HANDSHAKE_BYTES)
+        q = writer.req_id()
+        feeds = 40  # each pushes the whole log: far more than any socket buffer holds
+        for k in range(feeds):
+            stuck_writer.write(FeedRequest(ReqId(q.client_id + 1, q.generation, 0, k), -1).encode())
+        await stuck_writer.drain()
+        n = 50_000
+        for i in range(n):
+            writer.append(b"%06d" % i)
+        assert await writer.flush(timeout=120) == n - 1
+        await writer.wait_feed(n - 1)
+        sent = metric(cluster, "waltz_server_partition_feed_sent_total")
+        stuck = sent - n
+        assert 0 <= stuck < feeds * n - 1_000_000, f"the stuck reader was sent {stuck} headers"
+        stuck_writer.close()
+        await writer.close()
+
+    asyncio.run(scenario())
+
+
+def metric(cluster, name: str) -> float:
+    url = f"http://127.0.0.1:{cluster.servers[0].ready['http_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + '{partition="0"} '):
+                return float(line.split()[-1])
+    raise AssertionError(f"no {name}")

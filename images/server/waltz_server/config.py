@@ -86,6 +86,12 @@ SETTINGS = (
         5.0,
         "seconds to wait for a storage node to connect and answer during recovery",
     ),
+    Setting(
+        "client_write_buffer_bytes",
+        size_at_least(4096),
+        "4MiB",
+        "bytes queued for a client socket before its feeds wait for it",
+    ),
     Setting("max_frame_bytes", size_at_least(64 * 1024), "64MiB", "largest frame accepted"),
     Setting("max_data_bytes", size_at_least(1), "16MiB", "largest transaction data accepted"),
     Setting("ready_file", str, "", "write the bound ports here (JSON) once serving"),
@@ -119,6 +125,7 @@ class ServerConfig:
     max_in_flight: int
     checkpoint_interval: int
     storage_timeout: float
+    client_write_buffer_bytes: int
     max_frame_bytes: int
     max_data_bytes: int
     ready_file: str

@@ -47,8 +47,6 @@ from .partition import Partition, State
 
 log = logging.getLogger(__name__)
 
-WRITE_BUFFER_HIGH = 4 * 1024 * 1024
-
 
 class ClientConnectionHandler(asyncio.Protocol):
     def __init__(
@@ -58,7 +56,9 @@ class ClientConnectionHandler(asyncio.Protocol):
         max_data_bytes: int,
         on_close: Callable[[ClientConnectionHandler], None],
         on_error: Callable[[str], None] = lambda kind: None,
+        write_buffer_bytes: int = 4 * 1024 * 1024,
     ) -> None:
+        self._write_buffer_bytes = write_buffer_bytes
         self._partitions = partitions
         self._max_frame_bytes = max_frame_bytes
         self._max_data_bytes = max_data_bytes
@@ -102,7 +102,7 @@ class ClientConnectionHandler(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)  # type: ignore[attr-defined]
+        transport.set_write_buffer_limits(high=self._write_buffer_bytes)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
 

@@ -61,6 +61,7 @@ class WaltzServer:
             self.config.max_data_bytes,
             self._connection_closed,
             self.metrics.client_errors.labels,
+            self.config.client_write_buffer_bytes,
         )
         self.connections.add(conn)
         self.metrics.connections.inc()
