@@ -226,9 +226,19 @@ class Partition:
             while True:
                 self.state = State.RECOVERING
                 self._active.clear()
-                session = await start_session(self.context, self._committed, self._report)
+                try:
+                    session = await start_session(self.context, self._committed, self._report)
+                except Superseded:
+                    raise
+                except Exception as e:  # a bug: say so, and try again rather than hang
+                    log.exception("partition %d: recovery failed unexpectedly", self.partition_id)
+                    self.status = f"recovery failed: {e}"
+                    await asyncio.sleep(self.context.retry_delay)
+                    continue
                 self._open(session)
                 reason = await self._watch(session)
+                self.state = State.RECOVERING
+                self._active.clear()
                 await session.close(reason)
                 self.session = None
         except Superseded as e:
