@@ -48,10 +48,15 @@ def parse_size(value: Any) -> int:
 
 def int_in(low: int, high: int) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
-        try:
-            n = int(value) if not isinstance(value, bool) else None
-        except (TypeError, ValueError):
-            n = None
+        # A boolean is refused, and a TOML float such as 8080.9 too rather than truncated.
+        n = None
+        if not isinstance(value, bool) and not (
+            isinstance(value, float) and not value.is_integer()
+        ):
+            try:
+                n = int(value)
+            except (TypeError, ValueError, OverflowError):
+                n = None
         if n is None or not low <= n <= high:
             raise ValueError(f"expected an integer in {low}..{high}, got {value!r}")
         return n
@@ -185,6 +190,10 @@ class SettingsSchema:
                 raise ConfigError(f"--config {args.config}: cannot read: {e.strerror}") from None
             except tomllib.TOMLDecodeError as e:
                 raise ConfigError(f"--config {args.config}: not valid TOML: {e}") from None
+            except UnicodeDecodeError as e:
+                raise ConfigError(
+                    f"--config {args.config}: not valid TOML: not UTF-8 at byte {e.start}"
+                ) from None
             for key, value in doc.items():
                 if key not in by_name:
                     raise ConfigError(

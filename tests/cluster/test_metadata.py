@@ -343,7 +343,7 @@ def test_string_field_of_wrong_type_is_refused(codec, name, value) -> None:
         (PartitionMetadata, (), "generation", -1),
         (PartitionMetadata, (), "session_id", -2),
         (PartitionMetadata, ("replicas", "s0:9000"), "session_id", -2),
-        (PartitionMetadata, ("replicas", "s0:9000"), "closing_high_water_mark", -2),
+        (PartitionMetadata, ("replicas", "s0:9000"), "closing_high_water_mark", -3),
         (ServerRegistration, (), "port", -1),
         (ServerRegistration, (), "http_port", -1),
         (ReplicaAssignment, ("storages", "s0:9000"), "group", -1),

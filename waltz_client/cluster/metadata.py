@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CODEC_VERSION = 1
-UNRESOLVED = -1  # closing high-water mark not yet resolved by recovery
+# The closing high-water mark of a session still running or not yet resolved by recovery.
+# Not -1: a session can close having committed nothing, and "resolved to -1" must differ.
+UNRESOLVED = -2
 NO_SESSION = -1
 
 

@@ -15,7 +15,7 @@ from enum import IntEnum
 from typing import ClassVar
 
 from .buffers import Reader, pack_string
-from .errors import MalformedMessage, UnknownMessageType
+from .errors import ChecksumMismatch, MalformedMessage, UnknownMessageType
 from .framing import encode_frame
 from .records import (
     DEFAULT_MAX_DATA_BYTES,
@@ -163,7 +163,7 @@ class AppendRequest(ClientMessage):
         data = r.raw(length, "Append.data")
         checksum = r.u32("Append.checksum")
         if crc32(data) != checksum:
-            raise MalformedMessage(
+            raise ChecksumMismatch(
                 f"Append {req_id}: data CRC-32 {crc32(data):#010x} != sent {checksum:#010x}"
             )
         return cls(req_id, hwm, write, read, append, header, data)
@@ -340,7 +340,7 @@ class TransactionDataResponse(ClientMessage):
         data = r.raw(length, "TransactionDataResponse.data")
         checksum = r.u32("TransactionDataResponse.checksum")
         if crc32(data) != checksum:
-            raise MalformedMessage(
+            raise ChecksumMismatch(
                 f"transaction {txid}: data CRC-32 {crc32(data):#010x} != sent {checksum:#010x}"
             )
         return cls(req_id, txid, data)

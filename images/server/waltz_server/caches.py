@@ -19,7 +19,9 @@ _ENTRY_OVERHEAD = 64  # what a cached bytes object costs beyond its payload, rou
 
 class FeedCache:
     def __init__(self, max_bytes: int) -> None:
-        self.max_entries = max(1, max_bytes // (HEADER_BYTES + _ENTRY_OVERHEAD))
+        # Trimming happens at twice max_entries (amortised O(1) per add), so that bound,
+        # not max_entries, is what has to fit in max_bytes.
+        self.max_entries = max(1, max_bytes // (2 * (HEADER_BYTES + _ENTRY_OVERHEAD)))
         self._entries: list[bytes] = []
         self._base = 0  # transaction ID of _entries[0]
 
@@ -73,12 +75,12 @@ class DataCache:
         self.bytes = 0
 
     def put(self, transaction_id: int, data: bytes) -> None:
-        size = len(data) + _ENTRY_OVERHEAD
-        if size > self.max_bytes:
-            return
         old = self._data.pop(transaction_id, None)
         if old is not None:
             self.bytes -= len(old) + _ENTRY_OVERHEAD
+        size = len(data) + _ENTRY_OVERHEAD
+        if size > self.max_bytes:
+            return
         self._data[transaction_id] = data
         self.bytes += size
         while self.bytes > self.max_bytes:

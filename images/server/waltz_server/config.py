@@ -20,16 +20,20 @@ from waltz_client.settings import (
     size_at_least,
     text,
 )
+from waltz_client.wire.client_messages import MAX_LOCKS
 
 __all__ = ["ConfigError", "ServerConfig", "build_parser", "load_config"]
 
 ENV_PREFIX = "WALTZ_SERVER_"
+# An append frame beyond its data: type, ReqId, high-water mark, three full lock lists,
+# header, data length, CRC.
+MAX_APPEND_OVERHEAD = 1 + 16 + 8 + 3 * (4 + 4 * MAX_LOCKS) + 4 + 4 + 4
 _SERVER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
 def _server_id(value: object) -> str:
     value = str(value)
-    if value and not _SERVER_ID.match(value):
+    if value and not _SERVER_ID.fullmatch(value):
         raise ValueError(
             f"expected letters, digits, '.', '_', ':' or '-' (at most 128), got {value!r}"
         )
@@ -147,10 +151,11 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerCon
     values, _ = SCHEMA.load(argv, environ)
     if values["max_frame_bytes"] > 2**32 - 1:
         raise ConfigError("setting max_frame_bytes: must fit the 32-bit frame length")
-    if values["max_data_bytes"] + 1024 > values["max_frame_bytes"]:
+    if values["max_data_bytes"] + MAX_APPEND_OVERHEAD > values["max_frame_bytes"]:
         raise ConfigError(
             f"setting max_data_bytes ({values['max_data_bytes']}) must leave room for the "
-            f"rest of an append within max_frame_bytes ({values['max_frame_bytes']})"
+            f"rest of an append ({MAX_APPEND_OVERHEAD} bytes at most) within max_frame_bytes "
+            f"({values['max_frame_bytes']})"
         )
     if values["max_batch_bytes"] > values["max_frame_bytes"] // 2:
         raise ConfigError("setting max_batch_bytes must be at most half of max_frame_bytes")
