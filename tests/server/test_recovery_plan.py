@@ -24,6 +24,7 @@ from waltz_client.cluster.metadata import (
 )
 from waltz_server.recovery import (
     Assessment,
+    OwnSession,
     ReplicaPlan,
     Standing,
     StorageView,
@@ -723,3 +724,48 @@ def test_model_crash_after_cleaning_one_replica():
     assert decision == Undecidable(1, 1, 1, 2)  # b (offline member) may hold 1: it does
     assert decide_with("a", "b")[1] == Decided(1)
     cluster.final_check()
+
+
+# --- a server recovering its own session -------------------------------------------------
+
+
+def _three_members(session: int) -> PartitionMetadata:
+    return PartitionMetadata(
+        1, session + 1, {a: ReplicaState(session, UNRESOLVED) for a in ("a:1", "b:1", "c:1")}
+    )
+
+
+def _member_view(session: int, top: int) -> StorageView:
+    return StorageView(session, 10, 10, top)
+
+
+def test_own_session_knowledge_decides_what_a_new_owner_must_wait_for():
+    """c died while a batch 25..29 reached only a: a new owner cannot tell whether c holds
+    it (undecidable); the server that ran the session knows it acknowledged only 24."""
+    meta = _three_members(5)
+    views = {"a:1": _member_view(5, 29), "b:1": _member_view(5, 24)}
+    _, blind = decide(meta, ["a:1", "b:1", "c:1"], views)
+    assert isinstance(blind, Undecidable)
+    _, informed = decide(meta, ["a:1", "b:1", "c:1"], views, OwnSession(5, 24))
+    assert informed == Decided(24)
+
+
+def test_own_session_knowledge_keeps_what_a_reachable_majority_holds():
+    meta = _three_members(5)
+    views = {"a:1": _member_view(5, 29), "b:1": _member_view(5, 27)}
+    # 27 is on a majority (a, b): kept even though only 24 was acknowledged.
+    _, d = decide(meta, ["a:1", "b:1", "c:1"], views, OwnSession(5, 24))
+    assert d == Decided(27)
+
+
+def test_own_session_knowledge_of_another_session_is_not_used():
+    meta = _three_members(5)
+    views = {"a:1": _member_view(5, 29), "b:1": _member_view(5, 24)}
+    _, d = decide(meta, ["a:1", "b:1", "c:1"], views, OwnSession(4, 24))
+    assert isinstance(d, Undecidable)
+
+
+def test_own_session_knowledge_needs_a_reachable_majority():
+    meta = _three_members(5)
+    _, d = decide(meta, ["a:1", "b:1", "c:1"], {"a:1": _member_view(5, 29)}, OwnSession(5, 24))
+    assert isinstance(d, Undecidable)

@@ -89,3 +89,10 @@ def test_vote_matches_every_possible_value_of_the_offline_replicas(marks, offlin
         assert result == Decided(outcomes.pop())
     else:
         assert isinstance(result, Undecidable)
+
+
+def test_empty_logs_with_too_few_offline_replicas_to_commit_anything_decide_nothing():
+    """Found by the oracle above: two offline replicas of four cannot reach a quorum of
+    three on their own, so nothing can be committed."""
+    assert vote([-1, -1], 2) == Decided(-1)
+    assert isinstance(vote([-1], 2), Undecidable)  # two of three offline could hold a commit

@@ -47,6 +47,7 @@ from waltz_client.wire.storage_client import StorageClient
 
 from .caches import DataCache, FeedCache
 from .lock_table import LockTable
+from .recovery import OwnSession
 from .recovery_manager import RecoveryContext, Superseded, start_session
 from .store_session import StoreSession
 
@@ -165,6 +166,7 @@ class Partition:
         self.high_water_mark = -1
         self._next_txid = 0
         self.session: StoreSession | None = None
+        self._own: OwnSession | None = None  # the last session this object ran
         self.locks = LockTable(settings.lock_table_size, settings.lock_hashes)
         self.feed_cache = FeedCache(settings.feed_cache_bytes)
         self.data_cache = DataCache(settings.data_cache_bytes)
@@ -227,7 +229,9 @@ class Partition:
                 self.state = State.RECOVERING
                 self._active.clear()
                 try:
-                    session = await start_session(self.context, self._committed, self._report)
+                    session = await start_session(
+                        self.context, self._committed, self._report, self._own
+                    )
                 except Superseded:
                     raise
                 except Exception as e:  # a bug: say so, and try again rather than hang
@@ -239,6 +243,7 @@ class Partition:
                 reason = await self._watch(session)
                 self.state = State.RECOVERING
                 self._active.clear()
+                self._own = OwnSession(session.session_id, self.high_water_mark)
                 await session.close(reason)
                 self.session = None
         except Superseded as e:
@@ -296,7 +301,10 @@ class Partition:
                 self._queue_ready.clear()
                 await self._queue_ready.wait()
                 continue
-            if self.state != State.ACTIVE:
+            if self.state != State.ACTIVE or self.session is None or self.session.failed:
+                if self.session is not None and self.session.failed:
+                    self.state = State.RECOVERING  # the session loop starts a new session
+                    self._active.clear()
                 await self._active.wait()
                 continue
             if self.session is not None and self.session.backlogged:

@@ -84,13 +84,31 @@ def assess(state: ReplicaState, view: StorageView, writer: int) -> Assessment:
     return Assessment(Standing.UNKNOWN, floor if top > floor else None, min(top, floor))
 
 
+@dataclass(frozen=True)
+class OwnSession:
+    """What this server knows of a session it ran itself: everything up to
+    ``acknowledged`` was reported committed, nothing above it was."""
+
+    session_id: int
+    acknowledged: int
+
+
 def decide(
     metadata: PartitionMetadata,
     replicas: Iterable[str],
     views: Mapping[str, StorageView],
+    own: OwnSession | None = None,
 ) -> tuple[dict[str, Assessment], Decided | Undecidable]:
     """Assess every reachable replica and vote. ``replicas`` is the partition's current
-    replica set; those missing from ``views`` are offline."""
+    replica set; those missing from ``views`` are offline.
+
+    ``own``: when this server ran the writing session itself, an undecidable vote has a
+    safe answer it alone can give. Nobody saw a transaction above what it acknowledged,
+    so those may be dropped: truncated now on reachable replicas, and on the offline ones
+    when they return (their closing mark becomes the decided one). The answer keeps every
+    acknowledged transaction (a majority acknowledged it, a majority is reachable: one
+    reachable replica holds it) and whatever a majority of all replicas visibly holds.
+    A new owner has no such knowledge and waits, as the spec says."""
     writer = writing_session(metadata)
     assessments: dict[str, Assessment] = {}
     marks: list[int] = []
@@ -107,7 +125,20 @@ def decide(
         a = assess(state, view, writer)
         assessments[address] = a
         marks.append(a.vote)
-    return assessments, vote(marks, offline)
+    decision = vote(marks, offline)
+    if isinstance(decision, Undecidable) and own is not None and own.session_id == writer:
+        total = len(marks) + offline
+        visible = [
+            h for h in sorted(set(marks), reverse=True) if _holders(marks, h) >= total // 2 + 1
+        ]
+        reachable_top = max((a.vote for a in assessments.values()), default=-1)
+        if len(assessments) >= total // 2 + 1 and reachable_top >= own.acknowledged:
+            return assessments, Decided(max(own.acknowledged, visible[0] if visible else -1))
+    return assessments, decision
+
+
+def _holders(marks: list[int], h: int) -> int:
+    return sum(1 for m in marks if m >= h)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,14 @@ from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import StorageError
 
-from .recovery import StorageView, closing_metadata, decide, pick_source, plan_replica
+from .recovery import (
+    OwnSession,
+    StorageView,
+    closing_metadata,
+    decide,
+    pick_source,
+    plan_replica,
+)
 from .recovery_vote import Undecidable, majority
 from .store_session import Member, StoreSession
 
@@ -83,12 +90,14 @@ async def start_session(
     ctx: RecoveryContext,
     on_commit: Callable[[RecordBatch, float], None],
     report: Callable[[str], None] = lambda status: None,
+    own: OwnSession | None = None,
 ) -> StoreSession:
     """Recover the partition and open a store session; retries until it succeeds or the
-    partition is superseded (raises Superseded)."""
+    partition is superseded (raises Superseded). ``own``: the session this server ran
+    last for the partition, if any (see ``recovery.decide``)."""
     while True:
         try:
-            return await _attempt(ctx, on_commit, report)
+            return await _attempt(ctx, on_commit, report, own)
         except Superseded:
             raise
         except _RETRYABLE as e:
@@ -124,7 +133,7 @@ async def _connect(ctx: RecoveryContext, address: str, session_id: int):
     return client, view
 
 
-async def _attempt(ctx, on_commit, report) -> StoreSession:
+async def _attempt(ctx, on_commit, report, own) -> StoreSession:
     p = ctx.partition_id
     meta, version = await _new_session_id(ctx)
     session_id = meta.session_id
@@ -148,7 +157,7 @@ async def _attempt(ctx, on_commit, report) -> StoreSession:
                     log.info("partition %d: replica %s unreachable: %s", p, address, result)
                     continue
                 clients[address], views[address] = result
-            assessments, decision = decide(meta, ctx.replicas, views)
+            assessments, decision = decide(meta, ctx.replicas, views, own)
             if not isinstance(decision, Undecidable):
                 break
             report(f"waiting: {decision}")

@@ -53,6 +53,10 @@ def vote(online_marks: Sequence[int], offline: int) -> Decided | Undecidable:
         votes = sum(1 for m in online_marks if m >= candidate)
         if votes >= quorum:
             return Decided(candidate)
+        if candidate == -1 and offline < quorum:
+            # Every higher candidate fell short even with the offline votes, and the
+            # offline replicas alone cannot commit anything: nothing is committed.
+            return Decided(-1)
         if votes + offline >= quorum:
             return Undecidable(candidate, votes, offline, quorum)
     # No replica answered, or too few to reach any candidate: only "nothing above -1"
