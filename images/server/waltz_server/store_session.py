@@ -193,6 +193,8 @@ class StoreSession:
             future.add_done_callback(lambda f, m=member, b=batch: self._acknowledged(m, b, f))
 
     def _acknowledged(self, member: Member, batch: _Batch, future: asyncio.Future) -> None:
+        if not future.cancelled():
+            future.exception()  # retrieved, whatever happens next
         if self.ended.done():
             return
         if future.cancelled():
