@@ -9,7 +9,7 @@ import contextlib
 import time
 
 import pytest
-from conftest import PartitionClient, owner_of, replica_logs, wait_for
+from conftest import PartitionClient, owner_of, ownership, replica_logs, wait_for
 
 from waltz_client.wire.server_connection import ServerConnectionClosed
 
@@ -148,3 +148,47 @@ def test_a_paused_owner_is_fenced_when_it_wakes_up(make_cluster):
     wait_for(lambda: "ZooKeeper session lost" in old_owner_log(), 20, "the old owner to stop")
     assert "Traceback" not in old_owner_log()
     check_log(cluster, 0, feed, len(feed))
+
+
+def test_a_joining_server_takes_a_fair_share_and_old_feeds_are_suspended(make_cluster):
+    cluster = make_cluster(partitions=2, servers=2)
+    cluster.servers[1].stop()
+    wait_for(
+        lambda: {owner for owner, _ in ownership(cluster).values()} == {"server-0"},
+        30,
+        "server-0 to own both partitions",
+    )
+    before = ownership(cluster)
+
+    async def scenario() -> None:
+        clients = [PartitionClient(cluster, p) for p in (0, 1)]
+        for c in clients:
+            await c.mount()
+            c.append(b"hello")
+            await c.flush()
+        cluster.servers[1].start()
+        after = await asyncio.to_thread(
+            wait_for,
+            lambda: (
+                (o := ownership(cluster))
+                and {owner for owner, _ in o.values()} == {"server-0", "server-1"}
+                and o
+            ),
+            30,
+            "a rebalance",
+        )
+        moved = [p for p in (0, 1) if after[p][0] != before[p][0]]
+        assert len(moved) == 1
+        p = moved[0]
+        assert after[p][1] == before[p][1] + 1
+        stay = 1 - p
+        assert after[stay] == before[stay]
+        mover = clients[p]
+        await asyncio.to_thread(wait_for, lambda: mover.suspended, 30, "a FeedSuspended")
+        await mover.mount()
+        mover.append(b"at the new owner")
+        assert await mover.flush() == 1
+        for c in clients:
+            await c.close()
+
+    asyncio.run(scenario())

@@ -14,7 +14,13 @@ import pytest
 from conftest import PartitionClient, partition_metadata, replica_logs, wait_for
 
 from waltz_client.cluster.metadata import UNRESOLVED
-from waltz_client.wire.client_messages import HighWaterMarkRequest, HighWaterMarkResponse
+from waltz_client.wire.client_messages import (
+    AppendRequest,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    MountRequest,
+    MountStatus,
+)
 from waltz_client.wire.framing import HANDSHAKE_BYTES, Hello, Service
 from waltz_client.wire.records import Record, ReqId
 from waltz_client.wire.storage_client import StorageClient
@@ -267,3 +273,35 @@ def test_a_malformed_frame_closes_only_that_connection(make_cluster):
 
     asyncio.run(scenario())
     assert cluster.servers[0].running
+
+
+def test_stale_generations_and_non_owners_are_refused(make_cluster):
+    cluster = make_cluster(partitions=2, servers=2)
+
+    async def scenario() -> None:
+        client = PartitionClient(cluster, 0)
+        await client.mount()
+        assert client.conn is not None
+        current = client.generation
+        stale = ReqId(client.client_id, current - 1, 0, 999)
+        client.conn.send(AppendRequest(stale, -1, (), (), (), 0, b"stale generation"))
+        answer = client._expect(ReqId(client.client_id, current - 1, 0, 1000))
+        client.conn.send(MountRequest(ReqId(client.client_id, current - 1, 0, 1000), -1, 99))
+        assert (await asyncio.wait_for(answer, 10)).status == MountStatus.STALE_GENERATION
+        client.append(b"current generation")
+        assert await client.flush() == 0
+        assert [h.req_id.generation for h in client.feed] == [current]
+        assert stale not in client.lock_failures
+
+        # The other partition's owner is the other server (two partitions, two servers).
+        other = PartitionClient(cluster, 1)
+        await other.mount()
+        assert other.conn is not None and other.conn.endpoint != client.conn.endpoint
+        q = ReqId(client.client_id, current, 1, 2000)
+        answer = client._expect(q)
+        client.conn.send(MountRequest(q, -1, 1))
+        assert (await asyncio.wait_for(answer, 10)).status == MountStatus.NOT_OWNER
+        await client.close()
+        await other.close()
+
+    asyncio.run(scenario())
