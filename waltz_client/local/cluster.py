@@ -143,19 +143,21 @@ class LocalCluster:
             with open(os.path.join(self.data_dir, STATE_FILE), "w") as f:
                 json.dump(asdict(self.layout), f, indent=2)
 
-    def _server_process(self, i: int) -> DaemonProcess:
-        port, http_port = self.layout.server_ports[i]
-        ready = os.path.join(self.data_dir, f"server-{i}.ready")
+    def _daemon(
+        self, name: str, module: str, ports: tuple[int, int], args: list[str]
+    ) -> DaemonProcess:
+        """A daemon on localhost following this cluster's ZooKeeper, logging and writing
+        its ready file in the data directory."""
+        port, http_port = ports
+        ready = os.path.join(self.data_dir, f"{name}.ready")
         command = [
             sys.executable,
             "-m",
-            "waltz_server.main",
+            module,
             "--zookeeper",
             self.zookeeper_connect,
             "--zk-root",
             self.layout.root,
-            "--server-id",
-            f"server-{i}",
             "--host",
             HOST,
             "--port",
@@ -164,40 +166,24 @@ class LocalCluster:
             str(http_port),
             "--ready-file",
             ready,
-            *self.server_args,
+            *args,
         ]
-        return DaemonProcess(
-            f"server-{i}", command, ready, os.path.join(self.data_dir, f"server-{i}.log")
+        return DaemonProcess(name, command, ready, os.path.join(self.data_dir, f"{name}.log"))
+
+    def _server_process(self, i: int) -> DaemonProcess:
+        return self._daemon(
+            f"server-{i}",
+            "waltz_server.main",
+            self.layout.server_ports[i],
+            ["--server-id", f"server-{i}", *self.server_args],
         )
 
     def _storage_process(self, i: int) -> DaemonProcess:
-        port, http_port = self.layout.storage_ports[i]
-        directory = os.path.join(self.data_dir, f"storage-{i}")
-        command = [
-            sys.executable,
-            "-m",
-            "waltz_storage.main",
-            "--directory",
-            directory,
-            "--zookeeper",
-            self.zookeeper_connect,
-            "--zk-root",
-            self.layout.root,
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--http-port",
-            str(http_port),
-            "--ready-file",
-            os.path.join(self.data_dir, f"storage-{i}.ready"),
-            *self.storage_args,
-        ]
-        return DaemonProcess(
+        return self._daemon(
             f"storage-{i}",
-            command,
-            os.path.join(self.data_dir, f"storage-{i}.ready"),
-            os.path.join(self.data_dir, f"storage-{i}.log"),
+            "waltz_storage.main",
+            self.layout.storage_ports[i],
+            ["--directory", os.path.join(self.data_dir, f"storage-{i}"), *self.storage_args],
         )
 
     @property

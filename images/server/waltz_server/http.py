@@ -49,12 +49,3 @@ def build_app(server: WaltzServer) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     return app
-
-
-async def start_http(server: WaltzServer, host: str, port: int) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(build_app(server), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, bound

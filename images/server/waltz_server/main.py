@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
 
 from waltz_client.cluster.metadata import ServerRegistration
+from waltz_client.daemon import run_daemon, start_http, write_ready_file
 
 from .config import ConfigError, ServerConfig, load_config
 from .coordinator import ServerCoordinator
-from .http import start_http
+from .http import build_app
 from .server import WaltzServer
 
 log = logging.getLogger("waltz_server")
-
-
-def _write_ready_file(path: str, info: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(info, f)
-    os.replace(tmp, path)
 
 
 async def serve(config: ServerConfig) -> int:
@@ -40,7 +33,7 @@ async def serve(config: ServerConfig) -> int:
     server = WaltzServer(config, coordinator)
     try:
         port = await server.listen(config.host, config.port)
-        runner, http_port = await start_http(server, config.host, config.http_port)
+        runner, http_port = await start_http(build_app(server), config.host, config.http_port)
     except OSError as e:
         await server.close()
         print(f"waltz-server: error: cannot listen on {config.host}: {e.strerror}", file=sys.stderr)
@@ -66,7 +59,7 @@ async def serve(config: ServerConfig) -> int:
             "server %s serving clients on %s:%d (http %d)", server_id, config.host, port, http_port
         )
         if config.ready_file:
-            _write_ready_file(
+            write_ready_file(
                 config.ready_file,
                 {"pid": os.getpid(), "port": port, "http_port": http_port, "server_id": server_id},
             )
@@ -81,22 +74,7 @@ async def serve(config: ServerConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        config = load_config(argv, os.environ)
-    except ConfigError as e:
-        print(f"waltz-server: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    logging.basicConfig(
-        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLogger().level))
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        runner = asyncio.run
-    sys.exit(runner(serve(config)))
+    run_daemon("waltz-server", lambda: load_config(argv, os.environ), serve, ConfigError)
 
 
 if __name__ == "__main__":

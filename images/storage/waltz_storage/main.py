@@ -3,30 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
 
 from waltz_client.cluster.metadata import ReplicaAssignment
+from waltz_client.daemon import run_daemon, start_http, write_ready_file
 from waltz_client.partition_ranges import format_partition_ranges
 
 from .config import ConfigError, StorageConfig, load_config
 from .coordination import ClusterFollower, default_advertised_address, partitions_of, plan_change
 from .errors import ControlFileError
-from .http import start_http
+from .http import build_app
 from .server import ServerSettings, StorageServer
 from .service import EngineSettings, StorageNode
 
 log = logging.getLogger("waltz_storage")
-
-
-def _write_ready_file(path: str, info: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(info, f)
-    os.replace(tmp, path)
 
 
 def _error(message: str) -> int:
@@ -89,7 +82,7 @@ async def serve(config: StorageConfig) -> int:
     server = StorageServer(node, server_settings)
     try:
         port = await server.start(config.host, config.port)
-        runner, http_port = await start_http(server, config.host, config.http_port)
+        runner, http_port = await start_http(build_app(server), config.host, config.http_port)
     except OSError as e:
         await server.close()
         node.close()
@@ -114,7 +107,7 @@ async def serve(config: StorageConfig) -> int:
         config.directory,
     )
     if config.ready_file:
-        _write_ready_file(
+        write_ready_file(
             config.ready_file,
             {
                 "pid": os.getpid(),
@@ -179,21 +172,7 @@ class AssignmentApplier:
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        config = load_config(argv, os.environ)
-    except ConfigError as e:
-        print(f"waltz-storage: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    logging.basicConfig(
-        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        runner = asyncio.run
-    sys.exit(runner(serve(config)))
+    run_daemon("waltz-storage", lambda: load_config(argv, os.environ), serve, ConfigError)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+"""What every Waltz daemon does the same way: run on uvloop, log, serve HTTP, write the
+ready file. Shared by the storage and server daemons."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+
+
+def write_ready_file(path: str, info: dict) -> None:
+    """Atomically, so a watcher never reads half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+async def start_http(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app``; the runner (to clean up) and the bound port (``port`` 0: any)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, bound
+
+
+def run_daemon(
+    prog: str,
+    load: Callable[[], Any],
+    serve: Callable[[Any], Coroutine[Any, Any, int]],
+    config_error: type[Exception],
+) -> None:
+    """Load the config (a bad one: one line, exit 2), set up logging, run ``serve`` on
+    uvloop where it is installed, exit with its status."""
+    try:
+        config = load()
+    except config_error as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        runner = asyncio.run
+    sys.exit(runner(serve(config)))
