@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -11,6 +12,8 @@ import urllib.request
 
 import pytest
 from conftest import PartitionClient, wait_for
+
+from waltz_client.wire.framing import HANDSHAKE_BYTES, Hello, Service
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -138,3 +141,70 @@ def test_the_checkpoint_interval_starts_new_store_sessions(make_cluster):
     wait_for(lambda: metric(cluster, "waltz_server_partition_sessions_total") >= 2, 30, "rollover")
     asyncio.run(write(60))
     wait_for(lambda: metric(cluster, "waltz_server_partition_sessions_total") >= 3, 30, "rollover")
+
+
+def test_a_paused_replica_is_left_behind_and_rejoins_when_it_wakes(make_cluster):
+    cluster = make_cluster(server_args=["--storage-timeout", "2"])
+
+    async def write(client: PartitionClient, n: int, tag: bytes) -> None:
+        for i in range(n):
+            client.append(tag + b"-%d" % i)
+        await client.flush(timeout=60)
+
+    async def scenario() -> None:
+        client = PartitionClient(cluster, 0)
+        await client.mount()
+        await write(client, 100, b"before")
+        cluster.storages[2].pause()
+        try:
+            # A quorum (storage-0 and -1) keeps committing while storage-2 is frozen...
+            await write(client, 100, b"frozen")
+            assert client.high_water_mark == 199
+            # ...and the session drops it instead of buffering for it forever.
+            await asyncio.to_thread(
+                wait_for,
+                lambda: metric(cluster, "waltz_server_partition_live_replicas") == 2,
+                30,
+                "a session without the paused replica",
+            )
+            await write(client, 100, b"without")
+        finally:
+            cluster.storages[2].resume()
+        await asyncio.to_thread(
+            wait_for,
+            lambda: metric(cluster, "waltz_server_partition_live_replicas") == 3,
+            30,
+            "the replica to rejoin",
+        )
+        await write(client, 10, b"rejoined")
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_many_tiny_transactions_are_split_into_batches_storage_accepts(make_cluster):
+    cluster = make_cluster()
+    n = 60_000  # more than one storage Append may carry when every record is empty
+
+    async def scenario() -> None:
+        client = PartitionClient(cluster, 0)
+        await client.mount()
+        for _ in range(n):
+            client.append(b"")
+        assert await client.flush(timeout=120) == n - 1
+        await client.close()
+
+    asyncio.run(scenario())
+    assert metric(cluster, "waltz_server_partition_sessions_total") == 1
+
+
+def test_malformed_frames_are_counted(make_cluster):
+    cluster = make_cluster()
+    port = cluster.servers[0].ready["port"]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as bad:
+        bad.sendall(Hello(Service.SERVER, 1, 1).encode())
+        bad.recv(HANDSHAKE_BYTES)
+        bad.sendall(b"\x00\x00\x00\x02\x63\x00")  # an unknown message type
+        assert bad.recv(100) == b""
+    _, text = http_get(cluster, "/metrics")
+    assert 'waltz_server_client_errors_total{kind="malformed"} 1.0' in text

@@ -62,6 +62,7 @@ from waltz_client.wire.records import (
 
 I32 = st.integers(-(2**31), 2**31 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)
+HWM = st.integers(-1, 2**63 - 1)  # a client high-water mark: -1 or a transaction ID
 # Transaction data up to ~2 KiB; large payloads come from a seeded PRNG so that
 # lists of them do not exhaust hypothesis' entropy buffer.
 DATA = st.one_of(
@@ -77,9 +78,9 @@ BATCHES = st.lists(RECORDS, max_size=20).map(RecordBatch.from_records)
 TEXT = st.text(max_size=1000)
 
 MESSAGE_STRATEGIES: dict[type[ClientMessage], st.SearchStrategy[ClientMessage]] = {
-    MountRequest: st.builds(MountRequest, REQ_IDS, I64, I32),
-    AppendRequest: st.builds(AppendRequest, REQ_IDS, I64, LOCKS, LOCKS, LOCKS, I32, DATA),
-    FeedRequest: st.builds(FeedRequest, REQ_IDS, I64),
+    MountRequest: st.builds(MountRequest, REQ_IDS, HWM, I32),
+    AppendRequest: st.builds(AppendRequest, REQ_IDS, HWM, LOCKS, LOCKS, LOCKS, I32, DATA),
+    FeedRequest: st.builds(FeedRequest, REQ_IDS, HWM),
     TransactionDataRequest: st.builds(TransactionDataRequest, REQ_IDS, I64),
     FlushRequest: st.builds(FlushRequest, REQ_IDS),
     HighWaterMarkRequest: st.builds(HighWaterMarkRequest, REQ_IDS),
@@ -497,7 +498,7 @@ def test_a_stream_of_messages_round_trips(messages, max_chunk, rnd):
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
-@given(REQ_IDS, I64, LOCKS, LOCKS, LOCKS, I32, DATA)
+@given(REQ_IDS, HWM, LOCKS, LOCKS, LOCKS, I32, DATA)
 def test_append_fields_survive_the_round_trip(req_id, hwm, write, read, append, header, data):
     message = AppendRequest(req_id, hwm, write, read, append, header, data)
     decoded = decode_client_request(*one_frame(message))
@@ -1196,3 +1197,16 @@ def test_mutated_messages_only_raise_protocol_errors(message, data):
         return
     assert type(decoded) is type(message)
     assert decode(decoded.TYPE, body_of(decoded)) == decoded
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        MountRequest(REQ, -2, 1),
+        FeedRequest(REQ, -(2**63)),
+        AppendRequest(REQ, -5, (), (), (), 0, b"x"),
+    ],
+)
+def test_a_client_high_water_mark_below_minus_one_is_malformed(message):
+    with pytest.raises(MalformedMessage, match=r"client_high_water_mark .* is below -1"):
+        decode_client_request(*one_frame(message))

@@ -65,11 +65,11 @@ class MountStatus(IntEnum):
 
 
 class ErrorCode(IntEnum):
-    NOT_OWNER = 1
+    NOT_OWNER = 1  # this server does not own the partition
     NOT_READY = 2  # owned, but recovering
-    NOT_FOUND = 3  # no such transaction (above the high-water mark)
-    STORAGE_UNAVAILABLE = 4
-    BAD_REQUEST = 5
+    NOT_FOUND = 3  # reserved: a missing transaction gets a failed TransactionDataResponse
+    STORAGE_UNAVAILABLE = 4  # no storage node could answer the read
+    BAD_REQUEST = 5  # reserved: a malformed request closes the connection instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,16 @@ class MountRequest(ClientMessage):
 
     @classmethod
     def _read_body(cls, r, req_id, max_data_bytes):
-        return cls(req_id, r.i64("Mount.client_high_water_mark"), r.i32("Mount.connection_seq"))
+        hwm = _high_water_mark(r, "Mount.client_high_water_mark")
+        return cls(req_id, hwm, r.i32("Mount.connection_seq"))
+
+
+def _high_water_mark(r: Reader, what: str) -> int:
+    """A client high-water mark: -1 (nothing applied yet) or a transaction ID."""
+    hwm = r.i64(what)
+    if hwm < -1:
+        raise MalformedMessage(f"{what} {hwm} is below -1")
+    return hwm
 
 
 def _pack_hashes(hashes: tuple[int, ...]) -> bytes:
@@ -152,7 +161,7 @@ class AppendRequest(ClientMessage):
 
     @classmethod
     def _read_body(cls, r, req_id, max_data_bytes):
-        hwm = r.i64("Append.client_high_water_mark")
+        hwm = _high_water_mark(r, "Append.client_high_water_mark")
         write = _read_hashes(r, "Append.write_locks")
         read = _read_hashes(r, "Append.read_locks")
         append = _read_hashes(r, "Append.append_locks")
@@ -182,7 +191,7 @@ class FeedRequest(ClientMessage):
 
     @classmethod
     def _read_body(cls, r, req_id, max_data_bytes):
-        return cls(req_id, r.i64("Feed.client_high_water_mark"))
+        return cls(req_id, _high_water_mark(r, "Feed.client_high_water_mark"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,7 +420,8 @@ class ReadRangeResponse(ClientMessage):
 
 @dataclass(frozen=True, slots=True)
 class ErrorResponse(ClientMessage):
-    """An RPC (data, high-water mark, range read) that could not be answered."""
+    """A request that could not be answered: an RPC (data, high-water mark, range read),
+    or a Flush or Feed request for a partition this server does not own."""
 
     TYPE = ClientMessageType.ERROR_RESPONSE
     code: ErrorCode = ErrorCode.BAD_REQUEST

@@ -21,6 +21,7 @@ from waltz_client.settings import (
     text,
 )
 from waltz_client.wire.client_messages import MAX_LOCKS
+from waltz_client.wire.records import DEFAULT_MAX_DATA_BYTES
 
 __all__ = ["ConfigError", "ServerConfig", "build_parser", "load_config"]
 
@@ -156,6 +157,11 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerCon
             f"setting max_data_bytes ({values['max_data_bytes']}) must leave room for the "
             f"rest of an append ({MAX_APPEND_OVERHEAD} bytes at most) within max_frame_bytes "
             f"({values['max_frame_bytes']})"
+        )
+    if values["max_data_bytes"] > DEFAULT_MAX_DATA_BYTES:
+        raise ConfigError(
+            f"setting max_data_bytes ({values['max_data_bytes']}): storage nodes accept at "
+            f"most {DEFAULT_MAX_DATA_BYTES} bytes of data a transaction"
         )
     if values["max_batch_bytes"] > values["max_frame_bytes"] // 2:
         raise ConfigError("setting max_batch_bytes must be at most half of max_frame_bytes")

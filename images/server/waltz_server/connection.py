@@ -98,6 +98,10 @@ class ClientConnectionHandler(asyncio.Protocol):
     def mounted_seq(self, client_id: int, partition_id: int) -> int | None:
         return self._mounted.get((client_id, partition_id))
 
+    def mark_mounted(self, client_id: int, partition_id: int, connection_seq: int) -> None:
+        """The partition accepted a Mount with this client connection sequence number."""
+        self._mounted[(client_id, partition_id)] = connection_seq
+
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -189,8 +193,6 @@ class ClientConnectionHandler(asyncio.Protocol):
                 if partition is None:
                     self.send(MountResponse(q, MountStatus.NOT_OWNER).encode())
                     return
-                key = (q.client_id, q.partition_id)
-                self._mounted[key] = max(self._mounted.get(key, -1), message.connection_seq)
                 partition.submit(self, message)
             case FlushRequest():
                 if partition is None:

@@ -34,7 +34,6 @@ from waltz_client.wire.client_messages import (
     MountStatus,
     encode_feed_data,
 )
-from waltz_client.wire.errors import ProtocolError
 from waltz_client.wire.records import (
     CRC,
     RECORD_HEADER,
@@ -75,6 +74,8 @@ class ClientConnection(Protocol):
 
     def mounted_seq(self, client_id: int, partition_id: int) -> int | None: ...
 
+    def mark_mounted(self, client_id: int, partition_id: int, connection_seq: int) -> None: ...
+
 
 @dataclass(frozen=True)
 class PartitionSettings:
@@ -107,7 +108,9 @@ class Subscription:
         connection: ClientConnection,
         req_id: ReqId,
         client_high_water_mark: int,
+        mounted: bool = False,
     ) -> None:
+        self.mounted = mounted  # by a Mount (answers flushes), not a read-only Feed request
         self.partition = partition
         self.connection = connection
         self.req_id = req_id
@@ -167,6 +170,8 @@ class Partition:
         self._next_txid = 0
         self.session: StoreSession | None = None
         self._own: OwnSession | None = None  # the last session this object ran
+        self._rejoin_attempts: dict[str, int] = {}  # sessions started for a returning replica
+        self._next_probe: dict[str, float] = {}
         self.locks = LockTable(settings.lock_table_size, settings.lock_hashes)
         self.feed_cache = FeedCache(settings.feed_cache_bytes)
         self.data_cache = DataCache(settings.data_cache_bytes)
@@ -272,9 +277,14 @@ class Partition:
     async def _watch(self, session: StoreSession) -> str:
         """Wait until the session must end; the reason."""
         missing = [a for a in self.context.replicas if a not in session.members]
+        for address in session.members:
+            self._rejoin_attempts.pop(address, None)
         while True:
             done, _ = await asyncio.wait({session.ended}, timeout=self.settings.probe_interval)
             if done:
+                return str(session.ended.exception())
+            session.check_stragglers(time.perf_counter(), self.context.connect_timeout)
+            if session.ended.done():
                 return str(session.ended.exception())
             if (
                 self.high_water_mark - session.start_high_water_mark
@@ -282,8 +292,16 @@ class Partition:
             ):
                 return "checkpoint interval reached"
             for address in missing:
-                if await _reachable(address):
-                    return f"replica {address} is reachable again"
+                now = time.monotonic()
+                if now < self._next_probe.get(address, 0.0) or not await _reachable(address):
+                    continue
+                # Reachable but perhaps unable to join (a corrupt partition, a wrong key):
+                # back off, or every probe would restart the session and reset the locks.
+                attempts = self._rejoin_attempts.get(address, 0) + 1
+                self._rejoin_attempts[address] = attempts
+                backoff = min(60.0, self.settings.probe_interval * 2**attempts)
+                self._next_probe[address] = now + backoff
+                return f"replica {address} is reachable again"
 
     # --- the append task --------------------------------------------------------------
 
@@ -375,10 +393,11 @@ class Partition:
             connection.send(MountResponse(q, MountStatus.STALE_CONNECTION).encode())
             return
         self._mounts[q.client_id] = m.connection_seq
-        for sub in list(self.subscriptions):  # the client's older feeds of this partition
-            if sub.req_id.client_id == q.client_id and sub.connection is not connection:
+        connection.mark_mounted(q.client_id, self.partition_id, m.connection_seq)
+        for sub in list(self.subscriptions):  # the client's earlier mount of this partition
+            if sub.mounted and sub.req_id.client_id == q.client_id:
                 self._drop(sub)
-        sub = self.subscribe(connection, q, m.client_high_water_mark)
+        sub = self.subscribe(connection, q, m.client_high_water_mark, mounted=True)
         frame = MountResponse(q, MountStatus.READY).encode()
         self._barrier(lambda through: sub.add_marker(through, frame))
 
@@ -388,7 +407,7 @@ class Partition:
         def answer(through: int) -> None:
             frame = FlushResponse(q, self.high_water_mark).encode()
             for sub in self.subscriptions:
-                if sub.connection is connection:
+                if sub.mounted and sub.connection is connection:
                     sub.add_marker(through, frame)
                     return
             connection.send(frame)
@@ -430,9 +449,9 @@ class Partition:
             sub.wake.set()
 
     def subscribe(
-        self, connection: ClientConnection, req_id: ReqId, client_hwm: int
+        self, connection: ClientConnection, req_id: ReqId, client_hwm: int, mounted: bool = False
     ) -> Subscription:
-        sub = Subscription(self, connection, req_id, client_hwm)
+        sub = Subscription(self, connection, req_id, client_hwm, mounted)
         self.subscriptions.add(sub)
         return sub
 
@@ -509,7 +528,7 @@ async def _reachable(address: str, timeout: float = 1.0) -> bool:
     host, _, port = address.rpartition(":")
     try:
         client = await StorageClient.connect(host, int(port), timeout=timeout)
-    except (TimeoutError, OSError, ProtocolError):
+    except Exception:  # refused, timed out, closed mid-handshake, wrong service...
         return False
     await client.close()
     return True

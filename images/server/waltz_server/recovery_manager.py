@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from kazoo.exceptions import KazooException
+
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.wire.errors import ProtocolError
 from waltz_client.wire.records import RecordBatch
@@ -76,6 +78,7 @@ class RecoveryContext:
 
 
 _RETRYABLE = (
+    KazooException,
     StorageFailure,
     ConnectionError,
     OSError,
@@ -118,14 +121,20 @@ async def _new_session_id(ctx: RecoveryContext) -> tuple[PartitionMetadata, int]
     return meta, version
 
 
+async def _timed(ctx: RecoveryContext, call):
+    """A storage call that must answer within the storage timeout (a paused node would
+    otherwise hold recovery forever)."""
+    return await asyncio.wait_for(call, ctx.connect_timeout)
+
+
 async def _connect(ctx: RecoveryContext, address: str, session_id: int):
     host, _, port = address.rpartition(":")
     client = await StorageClient.connect(host, int(port), timeout=ctx.connect_timeout)
     try:
-        await client.open(ctx.cluster_key, ctx.num_partitions)
+        await _timed(ctx, client.open(ctx.cluster_key, ctx.num_partitions))
         p = ctx.partition_id
-        info = await asyncio.wait_for(client.last_session_info(session_id, p), ctx.connect_timeout)
-        top = await asyncio.wait_for(client.max_transaction_id(session_id, p), ctx.connect_timeout)
+        info = await _timed(ctx, client.last_session_info(session_id, p))
+        top = await _timed(ctx, client.max_transaction_id(session_id, p))
     except BaseException:
         await client.close()
         raise
@@ -167,7 +176,7 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
         positions: dict[str, int] = {}
         for address, a in assessments.items():
             if a.truncate_to is not None:
-                await clients[address].truncate(session_id, p, a.truncate_to)
+                await _timed(ctx, clients[address].truncate(session_id, p, a.truncate_to))
             positions[address] = a.vote
         votes = {a: x.vote for a, x in assessments.items()}
         members: dict[str, Member] = {}
@@ -221,15 +230,15 @@ async def _clean(ctx, session_id, client, clients, positions, votes, address, de
     p = ctx.partition_id
     plan = plan_replica(positions[address], decided)
     if plan.truncate_to is not None:
-        await client.truncate(session_id, p, plan.truncate_to)
+        await _timed(ctx, client.truncate(session_id, p, plan.truncate_to))
     if plan.catch_up_from is not None:
         source = clients[pick_source(positions, votes, decided)]
         next_txid = plan.catch_up_from
         while next_txid <= decided:
             count = min(CATCH_UP_CHUNK, decided - next_txid + 1)
-            batch = await source.records(session_id, p, next_txid, count)
+            batch = await _timed(ctx, source.records(session_id, p, next_txid, count))
             if not len(batch) or batch.first_txid != next_txid:
                 raise RecoveryStalled(f"catch-up source returned {batch!r} for {next_txid}")
-            await client.append(session_id, p, batch)
+            await _timed(ctx, client.append(session_id, p, batch))
             next_txid = batch.last_txid + 1
-    await client.set_low_water_mark(session_id, p, decided)
+    await _timed(ctx, client.set_low_water_mark(session_id, p, decided))

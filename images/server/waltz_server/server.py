@@ -60,7 +60,7 @@ class WaltzServer:
             self.config.max_frame_bytes,
             self.config.max_data_bytes,
             self._connection_closed,
-            self.metrics.client_errors.labels,
+            lambda kind: self.metrics.client_errors.labels(kind).inc(),
             self.config.client_write_buffer_bytes,
         )
         self.connections.add(conn)

@@ -23,12 +23,16 @@ from waltz_client.wire.framing import encode_frame
 from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import (
+    DEFAULT_MAX_LIST_RECORDS,
     MESSAGE_HEADER,
     FailureResponse,
     StorageMessageType,
 )
 
 log = logging.getLogger(__name__)
+
+# Storage refuses an Append of more records than its list limit, however small they are.
+MAX_BATCH_RECORDS = DEFAULT_MAX_LIST_RECORDS // 10
 
 
 class SessionEnded(Exception):
@@ -40,6 +44,7 @@ class Member:
     address: str
     client: StorageClient
     acked: int  # highest transaction ID this replica acknowledged in this session
+    unacked: deque[float] = field(default_factory=deque)  # send times, oldest first
 
 
 @dataclass
@@ -79,6 +84,7 @@ class StoreSession:
         self._queued_spans: list[tuple[int, int, int]] = []
         self._queued_bytes = 0
         self._max_backlog_bytes = max_batch_bytes * max_in_flight
+        self._max_member_backlog = 8 * max_in_flight
         self._drained = asyncio.Event()
         self._drained.set()
         self._in_flight: deque[_Batch] = deque()
@@ -154,13 +160,13 @@ class StoreSession:
             self.end(f"writer failed: {e}")
 
     def _take_batch(self) -> tuple[bytes, list[tuple[int, int, int]]]:
-        if self._queued_bytes <= self._max_batch_bytes:
+        if self._queued_bytes <= self._max_batch_bytes and len(self._queued) <= MAX_BATCH_RECORDS:
             buf, spans = b"".join(self._queued), self._queued_spans
             self._queued, self._queued_spans, self._queued_bytes = [], [], 0
             return buf, spans
         # Too much for one request: send a prefix, keep the rest queued.
         n, size = 0, 0
-        while n < len(self._queued) and (
+        while n < min(len(self._queued), MAX_BATCH_RECORDS) and (
             n == 0 or size + len(self._queued[n]) <= self._max_batch_bytes
         ):
             size += len(self._queued[n])
@@ -190,6 +196,11 @@ class StoreSession:
             except ConnectionError as e:
                 self.end(f"replica {member.address}: {e}")
                 return
+            member.unacked.append(batch.started)
+            if len(member.unacked) > self._max_member_backlog:
+                # A quorum keeps committing without it; its requests would pile up.
+                self.end(f"replica {member.address} is not keeping up")
+                return
             future.add_done_callback(lambda f, m=member, b=batch: self._acknowledged(m, b, f))
 
     def _acknowledged(self, member: Member, batch: _Batch, future: asyncio.Future) -> None:
@@ -211,12 +222,22 @@ class StoreSession:
             )
             return
         member.acked = batch.last
+        if member.unacked:
+            member.unacked.popleft()
         batch.acks += 1
         while self._in_flight and self._in_flight[0].acks >= self.quorum:
             done = self._in_flight.popleft()
             self.high_water_mark = done.last
             self._window.release()
             self._on_commit(RecordBatch(done.buf, done.spans), done.started)
+
+    def check_stragglers(self, now: float, timeout: float) -> None:
+        """End the session if a member has left a request unanswered for ``timeout`` s
+        (a paused or wedged storage node: the next session leaves it out)."""
+        for m in self.members.values():
+            if m.unacked and now - m.unacked[0] > timeout:
+                self.end(f"replica {m.address} has not answered for {now - m.unacked[0]:.1f} s")
+                return
 
     def reader(self, up_to: int) -> Member | None:
         """A member that has acknowledged everything up to ``up_to`` (to read it back)."""
