@@ -1,3 +1,28 @@
-"""Waltz client library: everything an application or a Spark job imports."""
+"""Waltz client: append transactions with optimistic locks, apply the committed feed.
+
+Everything an application or a Spark job imports."""
 
 __version__ = "0.1.0"
+
+from .blocking import BlockingWaltzClient
+from .callbacks import WaltzClientCallbacks
+from .client import SubmitResult, SubmitStatus, WaltzClient, WaltzError
+from .config import WaltzClientConfig, WaltzConfigError
+from .dbapi import DatabaseCallbacks
+from .transaction import Lock, Transaction, TransactionBuilder, TransactionContext
+
+__all__ = [
+    "BlockingWaltzClient",
+    "DatabaseCallbacks",
+    "Lock",
+    "SubmitResult",
+    "SubmitStatus",
+    "Transaction",
+    "TransactionBuilder",
+    "TransactionContext",
+    "WaltzClient",
+    "WaltzClientCallbacks",
+    "WaltzClientConfig",
+    "WaltzConfigError",
+    "WaltzError",
+]

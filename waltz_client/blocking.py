@@ -1,0 +1,80 @@
+"""A blocking facade over WaltzClient for threaded code (web apps, Spark executors).
+
+The asyncio client runs on its own event-loop thread; every method here hands
+the call to that loop and waits. Callbacks run as for the async client
+(synchronous ones on worker threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+from .callbacks import WaltzClientCallbacks
+from .client import SubmitResult, WaltzClient
+from .config import WaltzClientConfig
+from .transaction import TransactionContext
+from .wire.records import Record
+
+
+class BlockingWaltzClient:
+    def __init__(
+        self, config: WaltzClientConfig, callbacks: WaltzClientCallbacks | None = None
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="waltz-client-loop", daemon=True
+        )
+        self._thread.start()
+        self.client = WaltzClient(config, callbacks)
+        try:
+            self._call(self.client.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _call(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def submit(self, context: TransactionContext, timeout: float | None = None) -> SubmitResult:
+        return self._call(self.client.submit(context), timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._call(self.client.flush(), timeout)
+
+    def high_water_mark(self, partition_id: int) -> int:
+        return self._call(self.client.high_water_mark(partition_id))
+
+    def transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
+        return self._call(self.client.transaction_data(partition_id, transaction_id))
+
+    def read(self, partition_id: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
+        """Committed records in order, fetched a batch at a time."""
+        agen = self.client.read(partition_id, start, stop)
+        while True:
+            try:
+                yield self._call(agen.__anext__())
+            except StopAsyncIteration:
+                return
+
+    @property
+    def num_partitions(self) -> int:
+        return self.client.num_partitions
+
+    def close(self) -> None:
+        try:
+            self._call(self.client.close(), 30)
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def __enter__(self) -> BlockingWaltzClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

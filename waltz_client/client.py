@@ -1,0 +1,634 @@
+"""WaltzClient: submit transaction contexts, apply the committed feed, read ranges.
+
+One asyncio client per process (a blocking facade wraps it for threaded
+code). Per server it keeps a stream connection (mounts, appends, feed, flush)
+and an RPC connection (transaction data, high-water marks, range reads).
+Per partition a mount task follows the owner through ZooKeeper and runs the
+spec's reconnect procedure (block appends, mount at the client high-water
+mark, fail every pending append at the mount answer, unblock), and a feed
+task handles everything the stream brings in order: feed data (applied in
+commit order, never skipping, never repeating), mount and flush answers and
+lock failures, which the transaction monitor turns into outcomes. A failed
+attempt is executed again against a newer high-water mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .callbacks import WaltzClientCallbacks
+from .cluster_view import ClusterView
+from .config import WaltzClientConfig
+from .monitor import Outcome, Resolution, TransactionMonitor
+from .transaction import Transaction, TransactionBuilder, TransactionContext
+from .wire.client_messages import (
+    AppendRequest,
+    ClientMessage,
+    ErrorCode,
+    ErrorResponse,
+    FeedData,
+    FeedSuspended,
+    FlushRequest,
+    FlushResponse,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    LockFailure,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+    ReadRangeRequest,
+    ReadRangeResponse,
+    TransactionDataRequest,
+    TransactionDataResponse,
+)
+from .wire.records import Record, ReqId
+from .wire.server_connection import ServerConnection
+
+log = logging.getLogger(__name__)
+
+
+class SubmitStatus(Enum):
+    COMMITTED = "committed"
+    IGNORED = "ignored"  # execute() returned False
+    FAILED = "failed"  # gave up: retries exhausted, execute() raised, or the client closed
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    status: SubmitStatus
+    transaction_id: int = -1
+    attempts: int = 0
+    reason: str = ""
+
+    @property
+    def committed(self) -> bool:
+        return self.status == SubmitStatus.COMMITTED
+
+
+class WaltzError(Exception):
+    """A request the cluster could not answer in time, or a client that is closed."""
+
+
+@dataclass(eq=False)
+class _Submission:
+    context: TransactionContext
+    partition_id: int
+    result: asyncio.Future[SubmitResult]
+    attempts: int = 0
+    attempt: asyncio.Future[Resolution] | None = None
+    task: asyncio.Task | None = None
+
+
+@dataclass(eq=False)
+class _Partition:
+    partition_id: int
+    apply: bool  # hand the feed to the application (else only watch it for our appends)
+    window: asyncio.Semaphore
+    generation: int = -1
+    link: _ServerLink | None = None
+    mount_req: ReqId | None = None
+    applied: int = -1  # the last transaction ID delivered (and applied, when applying)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # appends may go out
+    remount: asyncio.Event = field(default_factory=asyncio.Event)
+    applied_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # stream messages, in order
+    monitor: TransactionMonitor[_Submission] = field(default_factory=TransactionMonitor)
+    mount_answer: asyncio.Future | None = None
+    flushes: dict[ReqId, tuple[set[ReqId], asyncio.Future]] = field(default_factory=dict)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+
+class _ServerLink:
+    """The stream and RPC connections to one server."""
+
+    def __init__(self, client: WaltzClient, endpoint: str) -> None:
+        self.client = client
+        self.endpoint = endpoint
+        self.stream: ServerConnection | None = None
+        self.rpc: ServerConnection | None = None
+        self.stream_seq = 0
+        self.rpc_waiters: dict[ReqId, asyncio.Future] = {}
+        self._lock = asyncio.Lock()
+
+    async def stream_connection(self) -> ServerConnection:
+        async with self._lock:
+            if self.stream is None or self.stream.closed:
+                host, _, port = self.endpoint.rpartition(":")
+                self.stream = await ServerConnection.connect(
+                    host, int(port), on_message=self.client._on_stream_message
+                )
+                self.stream_seq = self.client._next_connection_seq()
+                conn = self.stream
+                asyncio.get_running_loop().create_task(self._watch_stream(conn))
+            return self.stream
+
+    async def _watch_stream(self, conn: ServerConnection) -> None:
+        await conn.closed_event.wait()
+        self.client._stream_closed(self, conn)
+
+    async def rpc_connection(self) -> ServerConnection:
+        async with self._lock:
+            if self.rpc is None or self.rpc.closed:
+                host, _, port = self.endpoint.rpartition(":")
+                self.rpc = await ServerConnection.connect(
+                    host, int(port), on_message=self._on_rpc_message
+                )
+            return self.rpc
+
+    def _on_rpc_message(self, m: ClientMessage) -> None:
+        future = self.rpc_waiters.pop(m.req_id, None)
+        if future is not None and not future.done():
+            future.set_result(m)
+
+    async def close(self) -> None:
+        for conn in (self.stream, self.rpc):
+            if conn is not None:
+                await conn.close()
+
+
+class WaltzClient:
+    def __init__(
+        self, config: WaltzClientConfig, callbacks: WaltzClientCallbacks | None = None
+    ) -> None:
+        if not isinstance(config, WaltzClientConfig):
+            raise TypeError(f"config must be a WaltzClientConfig, got {type(config).__name__}")
+        if config.feed and callbacks is None:
+            raise TypeError("callbacks are required unless WaltzClientConfig.feed is False")
+        self.config = config
+        self.callbacks = callbacks
+        self.view = ClusterView(config.zookeeper, config.zk_root, config.zk_session_timeout)
+        self._links: dict[str, _ServerLink] = {}
+        self._partitions: dict[int, _Partition] = {}
+        self._submissions: set[_Submission] = set()
+        self._seqs = itertools.count(1)
+        self._connection_seqs = itertools.count(1)
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="waltz-callback")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> WaltzClient:
+        self._loop = asyncio.get_running_loop()
+        await self.view.start()
+        if self.config.feed:
+            wanted = self.config.partitions
+            n = self.view.num_partitions
+            for p in sorted(wanted if wanted is not None else range(n)):
+                if p >= n:
+                    raise WaltzError(f"partition {p} does not exist (the cluster has {n})")
+                self._partition(p, apply=True)
+        return self
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for sub in list(self._submissions):
+            self._finish(
+                sub,
+                SubmitResult(
+                    SubmitStatus.FAILED, attempts=sub.attempts, reason="the client closed"
+                ),
+            )
+        for state in self._partitions.values():
+            for task in state.tasks:
+                task.cancel()
+        for state in self._partitions.values():
+            for task in state.tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        for link in self._links.values():
+            await link.close()
+        await self.view.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> WaltzClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def client_id(self) -> int:
+        return self.view.client_id
+
+    @property
+    def num_partitions(self) -> int:
+        return self.view.num_partitions
+
+    def applied_high_water_mark(self, partition_id: int) -> int:
+        """The last transaction of the partition this client delivered to the application."""
+        state = self._partitions.get(partition_id)
+        return state.applied if state is not None else -1
+
+    # --- callbacks, on the loop or on a worker thread -----------------------------------
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._executor, fn, *args)
+
+    async def _client_high_water_mark(self, state: _Partition) -> int:
+        if not state.apply or self.callbacks is None:
+            if state.mount_req is None and state.applied == -1:
+                # Watching only for our own appends: start at the end of the log.
+                state.applied = await self.high_water_mark(state.partition_id)
+            return state.applied
+        hwm = await self._call(self.callbacks.client_high_water_mark, state.partition_id)
+        if not isinstance(hwm, int) or hwm < -1:
+            raise WaltzError(f"client_high_water_mark({state.partition_id}) returned {hwm!r}")
+        return hwm
+
+    # --- partitions: mounting -----------------------------------------------------------
+
+    def _partition(self, partition_id: int, apply: bool) -> _Partition:
+        state = self._partitions.get(partition_id)
+        if state is None:
+            state = _Partition(
+                partition_id, apply, asyncio.Semaphore(self.config.max_outstanding_appends)
+            )
+            self._partitions[partition_id] = state
+            loop = asyncio.get_running_loop()
+            state.tasks = [
+                loop.create_task(self._mount_loop(state)),
+                loop.create_task(self._inbox_loop(state)),
+            ]
+        return state
+
+    def _next_connection_seq(self) -> int:
+        return next(self._connection_seqs)
+
+    def _link(self, endpoint: str) -> _ServerLink:
+        link = self._links.get(endpoint)
+        if link is None:
+            link = self._links[endpoint] = _ServerLink(self, endpoint)
+        return link
+
+    async def _mount_loop(self, state: _Partition) -> None:
+        p = state.partition_id
+        backoff = self.config.retry_backoff
+        while not self._closed:
+            state.ready.clear()  # the reconnect procedure: appends wait
+            owner = self.view.owner(p)
+            if owner is None:
+                await self.view.changed(1.0)
+                continue
+            endpoint, generation = owner
+            try:
+                link = self._link(endpoint)
+                conn = await link.stream_connection()
+                hwm = await self._client_high_water_mark(state)
+                state.generation, state.link = generation, link
+                state.applied = hwm
+                q = ReqId(self.client_id, generation, p, next(self._seqs))
+                state.mount_req = q
+                state.mount_answer = asyncio.get_running_loop().create_future()
+                state.remount.clear()
+                conn.send(MountRequest(q, hwm, link.stream_seq))
+                status = await asyncio.wait_for(state.mount_answer, self.config.mount_timeout)
+            except (OSError, ConnectionError, TimeoutError) as e:
+                log.info("partition %d: mounting at %s failed: %s", p, owner[0], e)
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+                continue
+            if status == MountStatus.READY:
+                backoff = self.config.retry_backoff
+                state.ready.set()
+                await state.remount.wait()
+                continue
+            log.info("partition %d: mount at %s answered %s", p, endpoint, status.name)
+            if status == MountStatus.STALE_CONNECTION and link.stream is not None:
+                await link.stream.close()
+            await self.view.changed(min(1.0, backoff))
+            backoff = min(2.0, backoff * 2)
+
+    def _stream_closed(self, link: _ServerLink, conn: ServerConnection) -> None:
+        for state in self._partitions.values():
+            if state.link is link:
+                state.remount.set()
+                if state.mount_answer is not None and not state.mount_answer.done():
+                    state.mount_answer.set_exception(ConnectionError(conn.closed_reason or ""))
+
+    # --- the stream: everything in order through each partition's inbox ---------------
+
+    def _on_stream_message(self, m: ClientMessage) -> None:
+        state = self._partitions.get(m.req_id.partition_id)
+        if state is not None:
+            state.inbox.put_nowait(m)
+
+    async def _inbox_loop(self, state: _Partition) -> None:
+        while True:
+            m = await state.inbox.get()
+            try:
+                await self._handle(state, m)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "partition %d: handling %s failed", state.partition_id, type(m).__name__
+                )
+                state.remount.set()
+
+    async def _handle(self, state: _Partition, m: ClientMessage) -> None:
+        match m:
+            case FeedData(req_id=q) if q == state.mount_req:
+                await self._deliver(state, m)
+            case MountResponse(req_id=q, status=status) if q == state.mount_req:
+                if status == MountStatus.READY:
+                    # Every append sent before the mount is settled: pending ones are lost.
+                    self._resolve(state, state.monitor.mounted())
+                if state.mount_answer is not None and not state.mount_answer.done():
+                    state.mount_answer.set_result(status)
+            case LockFailure(req_id=q, transaction_id=txid):
+                resolution = state.monitor.lock_failed(q, txid)
+                if resolution is not None:
+                    self._resolve(state, [resolution])
+            case FlushResponse(req_id=q):
+                sent_before, future = state.flushes.pop(q, (set(), None))
+                self._resolve(state, state.monitor.flushed(sent_before))
+                if future is not None and not future.done():
+                    future.set_result(m.transaction_id)
+            case FeedSuspended(req_id=q) if q == state.mount_req:
+                log.info("partition %d: feed suspended: %s", state.partition_id, m.reason)
+                state.remount.set()
+            case ErrorResponse(req_id=q) if q in state.flushes:
+                _, future = state.flushes.pop(q)
+                if not future.done():
+                    future.set_exception(WaltzError(f"flush: {m.code.name}: {m.message}"))
+
+    async def _deliver(self, state: _Partition, m: FeedData) -> None:
+        for h in m.headers:
+            txid = h.transaction_id
+            if txid <= state.applied:
+                continue  # delivered before this mount's starting point
+            if txid != state.applied + 1:
+                log.error(
+                    "partition %d: feed gap: %d after %d; mounting again",
+                    state.partition_id,
+                    txid,
+                    state.applied,
+                )
+                state.remount.set()
+                return
+            resolutions = state.monitor.committed(h.req_id, txid)
+            if state.apply and self.callbacks is not None:
+                txn = self._transaction(state.partition_id, txid, h.header, h.req_id)
+                try:
+                    await self._call(self.callbacks.apply_transaction, txn)
+                except Exception as e:
+                    await self._call(self.callbacks.uncaught_exception, state.partition_id, txid, e)
+                    # Deliver it again: mount anew from the application's high-water mark.
+                    self._resolve(state, resolutions)
+                    state.mount_req = None
+                    state.remount.set()
+                    await asyncio.sleep(self.config.retry_backoff)
+                    return
+            state.applied = txid
+            state.applied_changed.set()
+            self._resolve(state, resolutions)
+
+    def _transaction(self, p: int, txid: int, header: int, req_id: ReqId) -> Transaction:
+        loop = self._loop
+        assert loop is not None
+
+        def blocking() -> bytes:
+            future = asyncio.run_coroutine_threadsafe(self.transaction_data(p, txid), loop)
+            return future.result()
+
+        return Transaction(
+            txid, p, header, req_id, lambda: self.transaction_data(p, txid), blocking
+        )
+
+    def _resolve(self, state: _Partition, resolutions: list[Resolution[_Submission]]) -> None:
+        for r in resolutions:
+            attempt = r.item.attempt
+            if attempt is not None and not attempt.done():
+                attempt.set_result(r)
+
+    # --- submitting ---------------------------------------------------------------------
+
+    async def submit(self, context: TransactionContext) -> SubmitResult:
+        """Execute the context and append it, again on failure, until it commits, gives up
+        or runs out of retries. The result says which."""
+        if self._closed:
+            raise WaltzError("the client is closed")
+        p = context.partition_id(self.num_partitions)
+        if not isinstance(p, int) or not 0 <= p < self.num_partitions:
+            raise ValueError(
+                f"partition_id() returned {p!r}; the cluster has {self.num_partitions} partitions"
+            )
+        state = self._partition(p, apply=False)
+        sub = _Submission(context, p, asyncio.get_running_loop().create_future())
+        self._submissions.add(sub)
+        sub.task = asyncio.get_running_loop().create_task(self._run(sub, state))
+        return await asyncio.shield(sub.result)
+
+    def _finish(self, sub: _Submission, result: SubmitResult) -> None:
+        self._submissions.discard(sub)
+        if not sub.result.done():
+            sub.result.set_result(result)
+            with contextlib.suppress(Exception):
+                sub.context.on_completion(result.committed)
+
+    async def _run(self, sub: _Submission, state: _Partition) -> None:
+        limit = sub.context.max_retries or self.config.max_retries
+        backoff = self.config.retry_backoff
+        reason = ""
+        while sub.attempts < limit and not self._closed:
+            sub.attempts += 1
+            await state.window.acquire()
+            try:
+                outcome = await self._attempt(sub, state)
+            except Exception as e:  # execute() raised
+                with contextlib.suppress(Exception):
+                    sub.context.on_exception(e)
+                self._finish(
+                    sub,
+                    SubmitResult(
+                        SubmitStatus.FAILED, attempts=sub.attempts, reason=f"execute raised {e!r}"
+                    ),
+                )
+                return
+            finally:
+                state.window.release()
+            if outcome is None:
+                self._finish(sub, SubmitResult(SubmitStatus.IGNORED, attempts=sub.attempts))
+                return
+            if outcome.outcome == Outcome.COMMITTED:
+                self._finish(
+                    sub, SubmitResult(SubmitStatus.COMMITTED, outcome.transaction_id, sub.attempts)
+                )
+                return
+            if outcome.outcome == Outcome.LOCK_FAILED:
+                reason = f"lock failure against transaction {outcome.transaction_id}"
+                with contextlib.suppress(Exception):
+                    sub.context.on_lock_failure(outcome.transaction_id)
+                await self._applied_at_least(state, outcome.transaction_id)
+            else:
+                reason = "the append was lost (server or connection failure)"
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+        self._finish(
+            sub,
+            SubmitResult(
+                SubmitStatus.FAILED,
+                attempts=sub.attempts,
+                reason=f"gave up after {sub.attempts} attempts: {reason}",
+            ),
+        )
+
+    async def _applied_at_least(self, state: _Partition, txid: int) -> None:
+        while state.applied < txid and not self._closed:
+            state.applied_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.applied_changed.wait(), 1.0)
+
+    async def _attempt(self, sub: _Submission, state: _Partition) -> Resolution | None:
+        """One execution and append; None when execute() gives up."""
+        while True:
+            await state.ready.wait()
+            hwm = await self._client_high_water_mark(state)
+            builder = TransactionBuilder(state.partition_id, hwm)
+            if not sub.context.execute(builder):
+                return None
+            link = state.link
+            if state.ready.is_set() and link is not None and link.stream is not None:
+                break  # else a remount began while executing: run it again
+        q = ReqId(self.client_id, state.generation, state.partition_id, next(self._seqs))
+        sub.attempt = asyncio.get_running_loop().create_future()
+        state.monitor.sent(q, sub)
+        with contextlib.suppress(ConnectionError):  # a lost append: the next mount settles it
+            link.stream.send(
+                AppendRequest(
+                    q,
+                    builder.client_high_water_mark,
+                    tuple(lock.hash32() for lock in builder.write_locks),
+                    tuple(lock.hash32() for lock in builder.read_locks),
+                    tuple(lock.hash32() for lock in builder.append_locks),
+                    builder.header,
+                    builder.data,
+                )
+            )
+        while True:
+            try:
+                return await asyncio.wait_for(
+                    asyncio.shield(sub.attempt), self.config.request_timeout
+                )
+            except TimeoutError:
+                await self._flush_partition(state)  # settles it if the server dropped it
+
+    # --- flush, high-water marks, data, ranges -----------------------------------------
+
+    async def _flush_partition(self, state: _Partition) -> int | None:
+        link = state.link
+        if link is None or link.stream is None or not state.ready.is_set():
+            return None
+        q = ReqId(self.client_id, state.generation, state.partition_id, next(self._seqs))
+        future = asyncio.get_running_loop().create_future()
+        state.flushes[q] = (state.monitor.pending_ids(), future)
+        try:
+            link.stream.send(FlushRequest(q))
+            return await asyncio.wait_for(future, self.config.request_timeout)
+        except (ConnectionError, TimeoutError, WaltzError):
+            state.flushes.pop(q, None)
+            return None
+
+    async def flush(self) -> None:
+        """Wait until every submission made so far has its result."""
+        pending = [s.result for s in self._submissions]
+        busy = [s for s in self._partitions.values() if len(s.monitor)]
+        await asyncio.gather(*(self._flush_partition(s) for s in busy))
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _rpc(self, partition_id: int, make: Callable[[ReqId], ClientMessage]):
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout
+        backoff = self.config.retry_backoff
+        last = "no owner"
+        while asyncio.get_running_loop().time() < deadline:
+            if self._closed:
+                raise WaltzError("the client is closed")
+            owner = self.view.owner(partition_id)
+            if owner is None:
+                await self.view.changed(min(1.0, backoff))
+                continue
+            endpoint, generation = owner
+            q = ReqId(self.client_id, generation, partition_id, next(self._seqs))
+            link = self._link(endpoint)
+            try:
+                conn = await link.rpc_connection()
+                future = asyncio.get_running_loop().create_future()
+                link.rpc_waiters[q] = future
+                conn.send(make(q))
+                remaining = max(0.1, deadline - asyncio.get_running_loop().time())
+                answer = await asyncio.wait_for(future, remaining)
+            except (OSError, ConnectionError, TimeoutError) as e:
+                link.rpc_waiters.pop(q, None)
+                last = f"{endpoint}: {e or type(e).__name__}"
+            else:
+                if not isinstance(answer, ErrorResponse):
+                    return answer
+                last = f"{endpoint}: {answer.code.name}: {answer.message}"
+                if answer.code not in (
+                    ErrorCode.NOT_OWNER,
+                    ErrorCode.NOT_READY,
+                    ErrorCode.STORAGE_UNAVAILABLE,
+                ):
+                    raise WaltzError(last)
+            await asyncio.sleep(backoff)
+            backoff = min(2.0, backoff * 2)
+        raise WaltzError(f"partition {partition_id}: no answer in time ({last})")
+
+    async def high_water_mark(self, partition_id: int) -> int:
+        answer = await self._rpc(partition_id, HighWaterMarkRequest)
+        assert isinstance(answer, HighWaterMarkResponse)
+        return answer.transaction_id
+
+    async def transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
+        answer = await self._rpc(partition_id, lambda q: TransactionDataRequest(q, transaction_id))
+        assert isinstance(answer, TransactionDataResponse)
+        if answer.data is None:
+            raise LookupError(answer.error)
+        return answer.data
+
+    async def read(
+        self,
+        partition_id: int,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        batch_records: int = 1000,
+        batch_bytes: int = 4 * 1024 * 1024,
+    ) -> AsyncIterator[Record]:
+        """Committed records ``start..stop`` (inclusive; None: up to the high-water mark
+        when the read reaches it), with their data, in order."""
+        next_txid = start
+        while stop is None or next_txid <= stop:
+            count = batch_records if stop is None else min(batch_records, stop - next_txid + 1)
+            answer = await self._rpc(
+                partition_id,
+                lambda q, t=next_txid, n=count: ReadRangeRequest(q, t, n, batch_bytes),
+            )
+            assert isinstance(answer, ReadRangeResponse)
+            records = list(answer.records.records())
+            if not records:
+                if stop is not None and stop > answer.high_water_mark:
+                    raise WaltzError(
+                        f"partition {partition_id}: transaction {stop} is not committed "
+                        f"(high-water mark {answer.high_water_mark})"
+                    )
+                return
+            for record in records:
+                yield record
+            next_txid = records[-1].transaction_id + 1

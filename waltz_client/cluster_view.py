@@ -1,0 +1,132 @@
+"""The client's view of the cluster in ZooKeeper: who owns each partition, and where.
+
+kazoo watches the ownership node and the live servers in its own thread and
+hands every change to the event loop; ``owner`` answers from the latest view
+and ``changed`` wakes whoever waits for a partition to move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from .cluster.admin import new_client_id, read_params
+from .cluster.metadata import ClusterParams, MetadataError, Ownership, ServerRegistration
+from .cluster.paths import ClusterPaths
+from .cluster.zk import close, connect
+
+log = logging.getLogger(__name__)
+
+
+class ClusterView:
+    def __init__(self, connect_string: str, root: str, session_timeout: float = 10.0) -> None:
+        self.connect_string = connect_string
+        self.paths = ClusterPaths.of(root)
+        self.session_timeout = session_timeout
+        self.params: ClusterParams | None = None
+        self.client_id = -1
+        self.ownership: dict[int, tuple[str | None, int]] = {}
+        self.servers: dict[str, ServerRegistration] = {}
+        self._zk: KazooClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed = asyncio.Event()
+
+    async def start(self) -> None:
+        """Connect, read the cluster and this client's unique ID, and start watching.
+        Raises ClusterError when ZooKeeper or the cluster is missing."""
+        self._loop = asyncio.get_running_loop()
+        run = self._loop.run_in_executor
+        self._zk = await run(
+            None,
+            lambda: connect(
+                self.connect_string, timeout=10.0, session_timeout=self.session_timeout
+            ),
+        )
+        try:
+            self.params = await run(None, read_params, self._zk, self.paths.root)
+            self.client_id = await run(None, new_client_id, self._zk, self.paths.root)
+        except BaseException:
+            await self.stop()
+            raise
+        self._zk.DataWatch(self.paths.ownership, self._ownership_changed)
+        self._zk.ChildrenWatch(self.paths.servers, self._servers_changed)
+
+    async def stop(self) -> None:
+        if self._zk is not None:
+            zk, self._zk = self._zk, None
+            await asyncio.get_running_loop().run_in_executor(None, close, zk)
+
+    @property
+    def num_partitions(self) -> int:
+        assert self.params is not None, "not started"
+        return self.params.num_partitions
+
+    def owner(self, partition_id: int) -> tuple[str, int] | None:
+        """(host:port, generation) of the partition's live owner, if it has one."""
+        server, generation = self.ownership.get(partition_id, (None, 0))
+        if server is None or server not in self.servers:
+            return None
+        return self.servers[server].endpoint, generation
+
+    async def changed(self, timeout: float) -> None:
+        """Wait for the next change (or ``timeout`` seconds)."""
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    # --- kazoo thread -> loop -----------------------------------------------------------
+
+    def _post(self, fn, *args) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _ownership_changed(self, data, stat) -> None:
+        if data is None:
+            return
+        try:
+            ownership = Ownership.decode(data)
+        except MetadataError as e:
+            log.error("ignoring an unreadable ownership node: %s", e)
+            return
+        self._post(self._set_ownership, ownership.partitions)
+
+    def _set_ownership(self, partitions: dict[int, tuple[str | None, int]]) -> None:
+        self.ownership = partitions
+        self._changed.set()
+
+    def _servers_changed(self, children: list[str]) -> None:
+        self._post(self._load_servers, list(children))
+
+    def _load_servers(self, children: list[str]) -> None:
+        """Read the registrations off the loop (kazoo calls block)."""
+
+        def read() -> dict[str, ServerRegistration]:
+            zk = self._zk
+            servers: dict[str, ServerRegistration] = {}
+            for child in children:
+                if zk is None:
+                    break
+                try:
+                    data, _ = zk.get(self.paths.server(child))
+                    servers[child] = ServerRegistration.decode(data)
+                except (NoNodeError, MetadataError) as e:
+                    log.debug("server %s: %s", child, e)
+            return servers
+
+        async def load() -> None:
+            try:
+                servers = await asyncio.get_running_loop().run_in_executor(None, read)
+            except Exception as e:  # the next change reads them again
+                log.warning("reading the live servers failed: %r", e)
+                return
+            self._set_servers(servers)
+
+        asyncio.get_running_loop().create_task(load())
+
+    def _set_servers(self, servers: dict[str, ServerRegistration]) -> None:
+        self.servers = servers
+        self._changed.set()

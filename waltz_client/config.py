@@ -1,0 +1,55 @@
+"""WaltzClientConfig: every client setting, checked when the config is made."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .cluster.paths import normalise_root
+
+
+class WaltzConfigError(ValueError):
+    """A bad client setting; the message names it."""
+
+
+@dataclass(frozen=True)
+class WaltzClientConfig:
+    zookeeper: str
+    zk_root: str = "/waltz"
+    partitions: frozenset[int] | None = None  # mounted for the feed; None: all of them
+    max_outstanding_appends: int = 1000  # per partition; submit waits beyond it
+    max_retries: int = 20  # executions of one context before it fails
+    request_timeout: float = 30.0  # RPCs (data, high-water mark, range reads), flush
+    mount_timeout: float = 60.0
+    retry_backoff: float = 0.05  # first pause between retries; doubles up to 2 s
+    zk_session_timeout: float = 10.0
+    feed: bool = True  # mount partitions and apply the feed (False: write and read only)
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> WaltzConfigError:
+            return WaltzConfigError(f"WaltzClientConfig.{name}: {why}")
+
+        if not isinstance(self.zookeeper, str) or not self.zookeeper.strip():
+            raise bad("zookeeper", "a ZooKeeper connect string (host:port[,...]) is required")
+        try:
+            object.__setattr__(self, "zk_root", normalise_root(self.zk_root))
+        except (ValueError, AttributeError) as e:
+            raise bad("zk_root", str(e)) from None
+        if self.partitions is not None:
+            if isinstance(self.partitions, str | bytes) or not isinstance(
+                self.partitions, Iterable
+            ):
+                raise bad("partitions", f"expected partition IDs, got {self.partitions!r}")
+            parts = frozenset(self.partitions)
+            if any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in parts):
+                raise bad("partitions", f"partition IDs are integers >= 0, got {sorted(parts)}")
+            object.__setattr__(self, "partitions", parts)
+        for name, low in (("max_outstanding_appends", 1), ("max_retries", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise bad(name, f"expected an integer >= {low}, got {value!r}")
+        for name in ("request_timeout", "mount_timeout", "retry_backoff", "zk_session_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise bad(name, f"expected a positive number of seconds, got {value!r}")

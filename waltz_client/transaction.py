@@ -1,0 +1,127 @@
+"""What an application writes and reads: locks, transaction contexts and builders, and
+committed transactions with lazily fetched data."""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .wire.records import ReqId
+
+
+@dataclass(frozen=True)
+class Lock:
+    """An application-defined lock ID: a name and a number (an account, a row...)."""
+
+    name: str
+    id: int
+
+    def hash32(self) -> int:
+        """The signed 32-bit hash the server's lock table is indexed by."""
+        raw = self.name.encode("utf-8") + (self.id & (2**64 - 1)).to_bytes(8, "big")
+        h = zlib.crc32(raw)
+        return h - 2**32 if h >= 2**31 else h
+
+
+class Serializer(Protocol):
+    def serialize(self, value: Any) -> bytes: ...
+
+    def deserialize(self, data: bytes) -> Any: ...
+
+
+class TransactionBuilder:
+    """Handed to ``TransactionContext.execute``: set the header, the data and the locks."""
+
+    def __init__(self, partition_id: int, client_high_water_mark: int) -> None:
+        self.partition_id = partition_id
+        self.client_high_water_mark = client_high_water_mark
+        self.header = 0
+        self.data = b""
+        self.write_locks: list[Lock] = []
+        self.read_locks: list[Lock] = []
+        self.append_locks: list[Lock] = []
+
+    def set_header(self, header: int) -> None:
+        if not -(2**31) <= header < 2**31:
+            raise ValueError(f"the header is a 32-bit integer, got {header}")
+        self.header = header
+
+    def set_data(self, data: bytes | Any, serializer: Serializer | None = None) -> None:
+        if serializer is not None:
+            data = serializer.serialize(data)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(
+                f"transaction data must be bytes (or pass a serializer), got {type(data).__name__}"
+            )
+        self.data = bytes(data)
+
+    def set_write_locks(self, *locks: Lock) -> None:
+        """Checked against the client high-water mark and taken: conflicting writers fail."""
+        self.write_locks = list(locks)
+
+    def set_read_locks(self, *locks: Lock) -> None:
+        """Checked but not taken: fails if a writer took the lock since this client's
+        high-water mark."""
+        self.read_locks = list(locks)
+
+    def set_append_locks(self, *locks: Lock) -> None:
+        """Taken but not checked: makes readers of the lock fail, never fails itself."""
+        self.append_locks = list(locks)
+
+
+class TransactionContext(ABC):
+    """Subclass it: ``partition_id`` picks the partition, ``execute`` builds the
+    transaction (it may run several times, against newer states, until it commits or
+    returns False to give up). The hooks are optional."""
+
+    max_retries: int | None = None  # None: the client's setting
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    @abstractmethod
+    def execute(self, builder: TransactionBuilder) -> bool:
+        """Build the transaction; False gives up (nothing is appended)."""
+
+    def on_completion(self, committed: bool) -> None:
+        """Called once: True when committed, False when given up or failed for good."""
+        return None  # optional hook
+
+    def on_lock_failure(self, transaction_id: int) -> None:
+        """A lock was taken by ``transaction_id`` after this attempt's high-water mark; the
+        context runs again once the client has applied it."""
+        return None  # optional hook
+
+    def on_exception(self, error: BaseException) -> None:
+        """``execute`` raised; the submission fails with this error."""
+        return None  # optional hook
+
+
+@dataclass
+class Transaction:
+    """A committed transaction as the feed delivers it; the data is fetched on first use."""
+
+    transaction_id: int
+    partition_id: int
+    header: int
+    req_id: ReqId
+    _fetch: Callable[[], Awaitable[bytes]] = field(repr=False)
+    _fetch_blocking: Callable[[], bytes] = field(repr=False)
+    _data: bytes | None = field(default=None, repr=False)
+
+    async def data(self) -> bytes:
+        if self._data is None:
+            self._data = await self._fetch()
+        return self._data
+
+    def data_blocking(self) -> bytes:
+        """For synchronous callbacks (they run on a worker thread, not the event loop)."""
+        if self._data is None:
+            self._data = self._fetch_blocking()
+        return self._data
+
+    def deserialize(self, serializer: Serializer) -> Any:
+        return serializer.deserialize(self.data_blocking())
