@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from waltz_client.local.cluster import LocalCluster
 from waltz_client.local.zookeeper import (
     EmbeddedZooKeeper,
     ZooKeeperUnavailable,
@@ -52,3 +53,34 @@ def zk_root() -> str:
 def zookeeper_available() -> None:
     """For tests that start their own ZooKeeper: skip unless Java and the jars are here."""
     require_zookeeper()
+
+
+# Servers give up a dead peer's partitions after this ZooKeeper session timeout.
+FAST_FAILOVER = ["--zk-session-timeout", "4"]
+
+
+@pytest.fixture
+def make_cluster(zookeeper, zk_root, tmp_path) -> Iterator:
+    """Start a cluster on the shared ZooKeeper: ``make_cluster(partitions=1, servers=1)``."""
+    clusters: list[LocalCluster] = []
+
+    def make(
+        *, partitions: int = 1, servers: int = 1, storages: int = 3, server_args=()
+    ) -> LocalCluster:
+        cluster = LocalCluster(
+            str(tmp_path / f"cluster-{len(clusters)}"),
+            storages=storages,
+            partitions=partitions,
+            replicas=min(3, storages),
+            root=zk_root,
+            servers=servers,
+            server_args=[*FAST_FAILOVER, *server_args],
+            external_zookeeper=zookeeper.connect_string,
+        )
+        clusters.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()

@@ -13,9 +13,6 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from waltz_client.cluster.admin import read_cluster
 from waltz_client.cluster.metadata import PartitionMetadata
@@ -37,8 +34,6 @@ from waltz_client.wire.client_messages import (
 from waltz_client.wire.records import RecordHeader, ReqId
 from waltz_client.wire.server_connection import ServerConnection
 from waltz_storage.inspect import read_records, segment_paths
-
-FAST_FAILOVER = ["--zk-session-timeout", "4"]
 
 
 def ownership(cluster: LocalCluster) -> dict[int, tuple[str | None, int]]:
@@ -209,30 +204,3 @@ class PartitionClient:
     async def close(self) -> None:
         if self.conn is not None:
             await self.conn.close()
-
-
-@pytest.fixture
-def make_cluster(zookeeper, zk_root, tmp_path) -> Iterator:
-    """Start a cluster on the shared ZooKeeper: ``make_cluster(partitions=1, servers=1)``."""
-    clusters: list[LocalCluster] = []
-
-    def make(
-        *, partitions: int = 1, servers: int = 1, storages: int = 3, server_args=()
-    ) -> LocalCluster:
-        cluster = LocalCluster(
-            str(tmp_path / f"cluster-{len(clusters)}"),
-            storages=storages,
-            partitions=partitions,
-            replicas=min(3, storages),
-            root=zk_root,
-            servers=servers,
-            server_args=[*FAST_FAILOVER, *server_args],
-            external_zookeeper=zookeeper.connect_string,
-        )
-        clusters.append(cluster)
-        cluster.start()
-        return cluster
-
-    yield make
-    for cluster in clusters:
-        cluster.stop()
