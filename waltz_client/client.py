@@ -96,6 +96,7 @@ class _Partition:
     generation: int = -1
     link: _ServerLink | None = None
     mount_req: ReqId | None = None
+    broken_mount: ReqId | None = None  # its feed stopped at an application failure
     applied: int = -1  # the last transaction ID delivered (and applied, when applying)
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # appends may go out
     remount: asyncio.Event = field(default_factory=asyncio.Event)
@@ -142,7 +143,17 @@ class _ServerLink:
                 self.rpc = await ServerConnection.connect(
                     host, int(port), on_message=self._on_rpc_message
                 )
+                conn = self.rpc
+                asyncio.get_running_loop().create_task(self._watch_rpc(conn))
             return self.rpc
+
+    async def _watch_rpc(self, conn: ServerConnection) -> None:
+        """A closed RPC connection fails its waiting requests at once (they retry)."""
+        await conn.closed_event.wait()
+        waiters, self.rpc_waiters = self.rpc_waiters, {}
+        for future in waiters.values():
+            if not future.done():
+                future.set_exception(ConnectionError(conn.closed_reason or "closed"))
 
     def _on_rpc_message(self, m: ClientMessage) -> None:
         future = self.rpc_waiters.pop(m.req_id, None)
@@ -342,7 +353,7 @@ class WaltzClient:
 
     async def _handle(self, state: _Partition, m: ClientMessage) -> None:
         match m:
-            case FeedData(req_id=q) if q == state.mount_req:
+            case FeedData(req_id=q) if q == state.mount_req and q != state.broken_mount:
                 await self._deliver(state, m)
             case MountResponse(req_id=q, status=status) if q == state.mount_req:
                 if status == MountStatus.READY:
@@ -388,10 +399,13 @@ class WaltzClient:
                     await self._call(self.callbacks.apply_transaction, txn)
                 except Exception as e:
                     await self._call(self.callbacks.uncaught_exception, state.partition_id, txid, e)
-                    # Deliver it again: mount anew from the application's high-water mark.
+                    # Deliver it again: mount anew from the application's high-water mark
+                    # (unless a newer mount is already under way), ignoring the rest of
+                    # this mount's feed meanwhile.
                     self._resolve(state, resolutions)
-                    state.mount_req = None
-                    state.remount.set()
+                    if state.mount_req == m.req_id:
+                        state.broken_mount = m.req_id
+                        state.remount.set()
                     await asyncio.sleep(self.config.retry_backoff)
                     return
             state.applied = txid

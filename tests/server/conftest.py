@@ -14,7 +14,6 @@ import itertools
 import os
 import time
 
-from waltz_client.cluster.admin import read_cluster
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
@@ -37,11 +36,7 @@ from waltz_storage.inspect import read_records, segment_paths
 
 
 def ownership(cluster: LocalCluster) -> dict[int, tuple[str | None, int]]:
-    zk = connect(cluster.zookeeper_connect)
-    try:
-        return read_cluster(zk, cluster.layout.root).ownership.partitions
-    finally:
-        close(zk)
+    return cluster.ownership()
 
 
 def partition_metadata(cluster: LocalCluster, partition: int) -> PartitionMetadata:
@@ -67,14 +62,7 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 def owner_of(cluster: LocalCluster, partition: int, not_server: str | None = None):
     """(server index, generation) once the partition has a live owner (other than
     ``not_server``)."""
-
-    def ready():
-        owner, generation = ownership(cluster).get(partition, (None, 0))
-        if owner is None or owner == not_server:
-            return None
-        return int(owner.split("-")[1]), generation
-
-    return wait_for(ready, 30, f"an owner of partition {partition}")
+    return cluster.owner_index(partition, not_server)
 
 
 def replica_logs(cluster: LocalCluster, partition: int) -> list[list]:

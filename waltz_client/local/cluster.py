@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
 from waltz_client.cluster.admin import CreateResult, create_cluster
@@ -185,6 +186,30 @@ class LocalCluster:
             self.layout.storage_ports[i],
             ["--directory", os.path.join(self.data_dir, f"storage-{i}"), *self.storage_args],
         )
+
+    def ownership(self) -> dict[int, tuple[str | None, int]]:
+        """partition -> (owning server ID or None, generation), as ZooKeeper has it now."""
+        from waltz_client.cluster.admin import read_cluster
+
+        zk = connect(self.zookeeper_connect)
+        try:
+            return read_cluster(zk, self.layout.root).ownership.partitions
+        finally:
+            close(zk)
+
+    def owner_index(
+        self, partition: int, not_server: str | None = None, timeout: float = 30.0
+    ) -> tuple[int, int]:
+        """(index in ``servers``, generation) of the partition's owner, once it has one
+        (other than ``not_server``, for waiting out a failover)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            owner, generation = self.ownership().get(partition, (None, 0))
+            if owner is not None and owner != not_server and owner.startswith("server-"):
+                return int(owner.split("-", 1)[1]), generation
+            if time.monotonic() > deadline:
+                raise LocalClusterError(f"partition {partition} has no owner after {timeout:g} s")
+            time.sleep(0.1)
 
     @property
     def zookeeper_connect(self) -> str:

@@ -25,6 +25,8 @@ from typing import Protocol
 
 from waltz_client.wire.client_messages import (
     AppendRequest,
+    ErrorCode,
+    ErrorResponse,
     FeedSuspended,
     FlushRequest,
     FlushResponse,
@@ -216,7 +218,20 @@ class Partition:
         for conn in self._paused:
             conn.resume_reading()
         self._paused.clear()
+        # Mounts and flushes still queued must not wait for an answer that never comes.
+        for conn, message in self._queue:
+            if conn.closed:
+                continue
+            if isinstance(message, MountRequest):
+                conn.send(MountResponse(message.req_id, MountStatus.NOT_OWNER).encode())
+            elif isinstance(message, FlushRequest):
+                conn.send(
+                    ErrorResponse(
+                        message.req_id, ErrorCode.NOT_OWNER, f"partition stopped: {reason}"
+                    ).encode()
+                )
         self._queue.clear()
+        self._barriers.clear()
 
     @property
     def queue_size(self) -> int:
