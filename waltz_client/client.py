@@ -560,6 +560,7 @@ class WaltzClient:
 
     async def flush(self) -> None:
         """Wait until every submission made so far has its result."""
+        await asyncio.sleep(0)  # submit() calls already scheduled get to register first
         pending = [s.result for s in self._submissions]
         busy = [s for s in self._partitions.values() if len(s.monitor)]
         await asyncio.gather(*(self._flush_partition(s) for s in busy))
