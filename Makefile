@@ -12,9 +12,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,local]'
 	touch $(STAMP)
 
-## run: a local cluster (embedded ZooKeeper, 3 storage nodes, CreateCluster); Ctrl-C stops it
+## run: the demo: a bank on a local cluster (embedded ZooKeeper, 3 storage nodes, 2 servers)
+## through a storage node and a server being killed, then a report
 run: $(STAMP)
-	$(VENV)/bin/waltz local up
+	$(VENV)/bin/waltz demo
 
 ## test: lint, then the whole test suite
 test: $(STAMP)
