@@ -8,6 +8,7 @@ entry point is a ``register(subparsers)`` function that adds its group.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from importlib.metadata import entry_points
 
@@ -22,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    # Warnings and errors of our own reach the terminal; kazoo's reconnect chatter
+    # (expected while the demo and smoke test stop ZooKeeper and servers) does not.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
         code = args.func(args)
     except KeyboardInterrupt:

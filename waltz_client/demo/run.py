@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import os
 import random
 import shutil
@@ -21,11 +20,9 @@ import time
 from dataclasses import dataclass, field
 
 from ..client import SubmitStatus, WaltzClient
-from ..cluster.admin import read_cluster
-from ..cluster.zk import close, connect
 from ..config import WaltzClientConfig
 from ..local.cluster import LocalCluster
-from ..wire.storage_client import StorageClient
+from ..local.verify import replica_digests
 from . import bank
 
 
@@ -63,32 +60,6 @@ class _CountingTransfer(bank.Transfer):
 
 def say(message: str) -> None:
     print(f"[waltz demo] {message}", flush=True)
-
-
-async def _replica_digests(cluster: LocalCluster, partition: int, hwm: int) -> list[str]:
-    """SHA-256 of each storage node's records 0..hwm, read over the storage protocol."""
-    zk = connect(cluster.zookeeper_connect)
-    try:
-        state = read_cluster(zk, cluster.layout.root)
-    finally:
-        close(zk)
-    session = state.partitions[partition].session_id
-    params = state.params
-    assert params is not None
-    digests = []
-    for proc in cluster.storages:
-        digest = hashlib.sha256()
-        async with await StorageClient.connect("127.0.0.1", proc.ready["port"]) as sc:
-            await sc.open(params.key, params.num_partitions)
-            next_txid = 0
-            while next_txid <= hwm:
-                batch = await sc.records(session, partition, next_txid, hwm - next_txid + 1)
-                if not len(batch):
-                    break
-                digest.update(batch.buf)
-                next_txid = batch.last_txid + 1
-        digests.append(digest.hexdigest()[:16] if next_txid > hwm else "incomplete")
-    return digests
 
 
 async def _run(args: argparse.Namespace, cluster: LocalCluster) -> int:
@@ -192,7 +163,7 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster) -> int:
     for c in clients:
         await c.close()
     await asyncio.sleep(3)  # let a restarted storage node rejoin its sessions
-    digests = {p: await _replica_digests(cluster, p, hwms[p]) for p in hwms if hwms[p] >= 0}
+    digests = {p: await replica_digests(cluster, p, hwms[p]) for p in hwms if hwms[p] >= 0}
 
     balances = [bank.balances(path) for path in paths]
     rows = [bank.applied(path) for path in paths]

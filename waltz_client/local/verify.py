@@ -1,0 +1,39 @@
+"""Checks on a local cluster's replicas, over the storage protocol (no file access)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..cluster.admin import read_cluster
+from ..cluster.zk import close, connect
+from ..wire.storage_client import StorageClient
+from .cluster import LocalCluster
+
+
+async def replica_digests(cluster: LocalCluster, partition: int, high_water_mark: int) -> list[str]:
+    """SHA-256 (16 hex digits) of each storage node's records ``0..high_water_mark`` of the
+    partition, or ``"incomplete"`` for a node that lacks some. Reads with the partition's
+    current store session, so it fences nothing; run it with the cluster quiet."""
+    zk = connect(cluster.zookeeper_connect)
+    try:
+        state = read_cluster(zk, cluster.layout.root)
+    finally:
+        close(zk)
+    session = state.partitions[partition].session_id
+    params = state.params
+    assert params is not None
+    digests = []
+    for proc in cluster.storages:
+        digest = hashlib.sha256()
+        next_txid = 0
+        async with await StorageClient.connect("127.0.0.1", proc.ready["port"]) as sc:
+            await sc.open(params.key, params.num_partitions)
+            while next_txid <= high_water_mark:
+                count = high_water_mark - next_txid + 1
+                batch = await sc.records(session, partition, next_txid, count)
+                if not len(batch):
+                    break
+                digest.update(batch.buf)
+                next_txid = batch.last_txid + 1
+        digests.append(digest.hexdigest()[:16] if next_txid > high_water_mark else "incomplete")
+    return digests
