@@ -85,7 +85,7 @@ class _Submission:
     result: asyncio.Future[SubmitResult]
     attempts: int = 0
     attempt: asyncio.Future[Resolution] | None = None
-    task: asyncio.Task | None = None
+    sent_at: float = 0.0
 
 
 @dataclass(eq=False)
@@ -274,8 +274,20 @@ class WaltzClient:
             state.tasks = [
                 loop.create_task(self._mount_loop(state)),
                 loop.create_task(self._inbox_loop(state)),
+                loop.create_task(self._watchdog(state)),
             ]
         return state
+
+    async def _watchdog(self, state: _Partition) -> None:
+        """Appends unanswered for ``request_timeout`` get a flush: its answer settles any
+        the server dropped without a trace (a stale generation, a lost store session)."""
+        loop = asyncio.get_running_loop()
+        period = max(0.05, self.config.request_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            oldest = min((s.sent_at for s in state.monitor.items()), default=None)
+            if oldest is not None and loop.time() - oldest > self.config.request_timeout:
+                await self._flush_partition(state)
 
     def _next_connection_seq(self) -> int:
         return next(self._connection_seqs)
@@ -445,8 +457,14 @@ class WaltzClient:
         state = self._partition(p, apply=False)
         sub = _Submission(context, p, asyncio.get_running_loop().create_future())
         self._submissions.add(sub)
-        sub.task = asyncio.get_running_loop().create_task(self._run(sub, state))
-        return await asyncio.shield(sub.result)
+        try:
+            await self._run(sub, state)
+        except asyncio.CancelledError:
+            self._finish(
+                sub, SubmitResult(SubmitStatus.FAILED, attempts=sub.attempts, reason="cancelled")
+            )
+            raise
+        return sub.result.result()
 
     def _finish(self, sub: _Submission, result: SubmitResult) -> None:
         self._submissions.discard(sub)
@@ -534,13 +552,8 @@ class WaltzClient:
                     builder.data,
                 )
             )
-        while True:
-            try:
-                return await asyncio.wait_for(
-                    asyncio.shield(sub.attempt), self.config.request_timeout
-                )
-            except TimeoutError:
-                await self._flush_partition(state)  # settles it if the server dropped it
+        sub.sent_at = asyncio.get_running_loop().time()
+        return await sub.attempt  # the partition's watchdog flushes if it takes too long
 
     # --- flush, high-water marks, data, ranges -----------------------------------------
 

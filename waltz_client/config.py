@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -32,24 +33,33 @@ class WaltzClientConfig:
 
         if not isinstance(self.zookeeper, str) or not self.zookeeper.strip():
             raise bad("zookeeper", "a ZooKeeper connect string (host:port[,...]) is required")
+        if not isinstance(self.zk_root, str):
+            raise bad("zk_root", f"expected a znode path such as /waltz, got {self.zk_root!r}")
         try:
             object.__setattr__(self, "zk_root", normalise_root(self.zk_root))
-        except (ValueError, AttributeError) as e:
+        except ValueError as e:
             raise bad("zk_root", str(e)) from None
         if self.partitions is not None:
             if isinstance(self.partitions, str | bytes) or not isinstance(
                 self.partitions, Iterable
             ):
                 raise bad("partitions", f"expected partition IDs, got {self.partitions!r}")
-            parts = frozenset(self.partitions)
-            if any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in parts):
-                raise bad("partitions", f"partition IDs are integers >= 0, got {sorted(parts)}")
-            object.__setattr__(self, "partitions", parts)
+            given = list(self.partitions)
+            if any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in given):
+                raise bad("partitions", f"partition IDs are integers >= 0, got {given!r}")
+            object.__setattr__(self, "partitions", frozenset(given))
+        if not isinstance(self.feed, bool):
+            raise bad("feed", f"expected True or False, got {self.feed!r}")
         for name, low in (("max_outstanding_appends", 1), ("max_retries", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise bad(name, f"expected an integer >= {low}, got {value!r}")
         for name in ("request_timeout", "mount_timeout", "retry_backoff", "zk_session_timeout"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            if (
+                not isinstance(value, int | float)
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
                 raise bad(name, f"expected a positive number of seconds, got {value!r}")

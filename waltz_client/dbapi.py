@@ -35,7 +35,7 @@ class DatabaseCallbacks(WaltzClientCallbacks):
         one transaction's effects with that cursor (no commit: this class commits).
         ``placeholder`` is the driver's parameter marker: ``?`` for sqlite3, ``%s`` for
         psycopg."""
-        if not _TABLE_NAME.match(table):
+        if not _TABLE_NAME.fullmatch(table):
             raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
         if placeholder not in ("?", "%s"):
             raise ValueError(f"placeholder must be '?' or '%s', got {placeholder!r}")
@@ -94,18 +94,37 @@ class DatabaseCallbacks(WaltzClientCallbacks):
                     f"high-water mark {stored}"
                 )
             self._apply(cursor, transaction)
-            cursor.execute(
-                f"UPDATE {self._table} SET high_water_mark = {self._p} "
-                f"WHERE partition_id = {self._p}",
-                (txid, p),
-            )
-            if cursor.rowcount == 0:
-                cursor.execute(
-                    f"INSERT INTO {self._table} (partition_id, high_water_mark) "
-                    f"VALUES ({self._p}, {self._p})",
-                    (p, txid),
-                )
+            if not self._advance(cursor, p, stored, txid):
+                # Another client sharing this database applied it meanwhile: keep theirs.
+                conn.rollback()
+                return
             conn.commit()
         except BaseException:
             conn.rollback()
+            if self._applied_elsewhere(p, txid):
+                return
             raise
+
+    def _advance(self, cursor: Any, partition_id: int, stored: int, txid: int) -> bool:
+        """Move the mark from ``stored`` to ``txid``, only if it is still ``stored``."""
+        if stored >= 0:
+            cursor.execute(
+                f"UPDATE {self._table} SET high_water_mark = {self._p} "
+                f"WHERE partition_id = {self._p} AND high_water_mark = {self._p}",
+                (txid, partition_id, stored),
+            )
+            return cursor.rowcount == 1
+        # No row yet: a concurrent first insert fails on the primary key.
+        cursor.execute(
+            f"INSERT INTO {self._table} (partition_id, high_water_mark) "
+            f"VALUES ({self._p}, {self._p})",
+            (partition_id, txid),
+        )
+        return True
+
+    def _applied_elsewhere(self, partition_id: int, txid: int) -> bool:
+        """After a failure: did another client sharing the database apply ``txid``?"""
+        try:
+            return self.client_high_water_mark(partition_id) >= txid
+        except Exception:
+            return False

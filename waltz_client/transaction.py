@@ -3,6 +3,7 @@ committed transactions with lazily fetched data."""
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,9 @@ class Lock:
         return h - 2**32 if h >= 2**31 else h
 
 
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
 class Serializer(Protocol):
     def serialize(self, value: Any) -> bytes: ...
 
@@ -45,6 +49,8 @@ class TransactionBuilder:
         self.append_locks: list[Lock] = []
 
     def set_header(self, header: int) -> None:
+        if not isinstance(header, int) or isinstance(header, bool):
+            raise TypeError(f"the header is a 32-bit integer, got {header!r}")
         if not -(2**31) <= header < 2**31:
             raise ValueError(f"the header is a 32-bit integer, got {header}")
         self.header = header
@@ -52,7 +58,10 @@ class TransactionBuilder:
     def set_data(self, data: bytes | Any, serializer: Serializer | None = None) -> None:
         if serializer is not None:
             data = serializer.serialize(data)
-        if not isinstance(data, bytes | bytearray | memoryview):
+        if type(data) is bytes:  # the common case, without a copy
+            self.data = data
+            return
+        if not isinstance(data, _BYTES_LIKE):
             raise TypeError(
                 f"transaction data must be bytes (or pass a serializer), got {type(data).__name__}"
             )
@@ -111,10 +120,17 @@ class Transaction:
     _fetch: Callable[[], Awaitable[bytes]] = field(repr=False)
     _fetch_blocking: Callable[[], bytes] = field(repr=False)
     _data: bytes | None = field(default=None, repr=False)
+    _fetching: asyncio.Future[bytes] | None = field(default=None, repr=False)
 
     async def data(self) -> bytes:
         if self._data is None:
-            self._data = await self._fetch()
+            if self._fetching is None:  # concurrent first calls share one fetch
+                self._fetching = asyncio.ensure_future(self._fetch())
+            try:
+                self._data = await asyncio.shield(self._fetching)
+            except BaseException:
+                self._fetching = None
+                raise
         return self._data
 
     def data_blocking(self) -> bytes:

@@ -52,6 +52,7 @@ class ServerConnection:
         self._max_data_bytes = max_data_bytes
         self.closed_reason: str | None = None
         self.closed_event = asyncio.Event()
+        self._out: list[bytes] = []
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
@@ -90,11 +91,21 @@ class ServerConnection:
         self.send_frame(message.encode())
 
     def send_frame(self, frame: bytes) -> None:
+        """Queue a frame; everything sent in one turn of the event loop goes out in one
+        write (many small appends, one system call)."""
         if self.closed_reason is not None:
             raise ServerConnectionClosed(f"{self.endpoint}: {self.closed_reason}")
-        self._writer.write(frame)
+        self._out.append(frame)
+        if len(self._out) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_out)
+
+    def _flush_out(self) -> None:
+        out, self._out = self._out, []
+        if out and self.closed_reason is None:
+            self._writer.write(b"".join(out))
 
     async def drain(self) -> None:
+        self._flush_out()
         await self._writer.drain()
 
     async def _read_loop(self) -> None:
