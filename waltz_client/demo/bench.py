@@ -1,0 +1,208 @@
+"""``waltz bench``: producers and consumers through the client library on a local cluster.
+
+Producers submit transactions (closed loop: a fixed number outstanding; open
+loop: a fixed rate, whatever the latency) and measure submit-to-committed
+latency. Then consumers mount from the start of the log and apply it (the
+feed catching up), and a range reader reads it back with the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import shutil
+import time
+
+from ..callbacks import WaltzClientCallbacks
+from ..client import SubmitStatus, WaltzClient
+from ..config import WaltzClientConfig
+from ..local.cluster import LocalCluster
+from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
+
+
+def register(groups: argparse._SubParsersAction) -> None:
+    p = groups.add_parser("bench", help="producer and consumer rates through the client")
+    p.add_argument("--data-dir", default=".waltz-local/bench", help="wiped and reused")
+    p.add_argument("--transactions", type=int, default=50_000, help="in total (default 50000)")
+    p.add_argument("--size", type=int, default=1024, help="bytes each (default 1024)")
+    p.add_argument("--partitions", type=int, default=4, help="partitions (default 4)")
+    p.add_argument("--clients", type=int, default=1, help="producer clients (default 1)")
+    p.add_argument(
+        "--concurrency", type=int, default=2000, help="closed loop: outstanding (default 2000)"
+    )
+    p.add_argument("--rate", type=float, default=0.0, help="open loop: tx/s (default closed)")
+    p.add_argument("--lock-pool", type=int, default=0, help="write locks drawn from N ids")
+    p.add_argument("--consumers", type=int, default=1, help="catch-up consumers (default 1)")
+    p.set_defaults(func=cmd_bench)
+
+
+class _Put(TransactionContext):
+    __slots__ = ("data", "lock", "partition")
+
+    def __init__(self, partition: int, data: bytes, lock: Lock | None) -> None:
+        self.partition = partition
+        self.data = data
+        self.lock = lock
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_data(self.data)
+        if self.lock is not None:
+            builder.set_write_locks(self.lock)
+        return True
+
+
+class _Counter(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.hwm: dict[int, int] = {}
+        self.count = 0
+
+    async def client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm.get(partition_id, -1)
+
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        self.hwm[transaction.partition_id] = transaction.transaction_id
+        self.count += 1
+
+
+def _pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")
+
+
+async def _produce(args, cluster: LocalCluster) -> dict:
+    config = WaltzClientConfig(
+        cluster.zookeeper_connect,
+        zk_root=cluster.layout.root,
+        feed=False,
+        max_outstanding_appends=max(1, args.concurrency),
+        max_retries=1000,
+    )
+    clients = [WaltzClient(config) for _ in range(args.clients)]
+    for c in clients:
+        await c.start()
+        for p in range(args.partitions):  # mount before the clock starts
+            await c.submit(_Put(p, b"warm-up", None))
+    payload = os.urandom(args.size)
+    rng = random.Random(1)
+    latencies: list[float] = []
+    attempts = 0
+    failed = 0
+
+    async def one(i: int) -> None:
+        nonlocal attempts, failed
+        lock = Lock("bench", rng.randrange(args.lock_pool)) if args.lock_pool else None
+        ctx = _Put(i % args.partitions, payload, lock)
+        t0 = time.perf_counter()
+        r = await clients[i % len(clients)].submit(ctx)
+        attempts += r.attempts
+        if r.status == SubmitStatus.COMMITTED:
+            latencies.append(time.perf_counter() - t0)
+        else:
+            failed += 1
+
+    started = time.perf_counter()
+    if args.rate > 0:
+        tasks = []
+        for i in range(args.transactions):
+            delay = started + i / args.rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(i)))
+        await asyncio.gather(*tasks)
+    else:
+        queue = iter(range(args.transactions))
+
+        async def worker() -> None:
+            for i in queue:
+                await one(i)
+
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    elapsed = time.perf_counter() - started
+    for c in clients:
+        await c.close()
+    latencies.sort()
+    n = len(latencies)
+    return {
+        "committed": n,
+        "failed": failed,
+        "seconds": elapsed,
+        "tx_per_s": n / elapsed,
+        "mb_per_s": n * args.size / elapsed / 1e6,
+        "retries_per_tx": (attempts - args.transactions) / max(1, args.transactions),
+        "p50": _pct(latencies, 0.5),
+        "p99": _pct(latencies, 0.99),
+        "p999": _pct(latencies, 0.999),
+    }
+
+
+async def _consume(args, cluster: LocalCluster, total: int) -> dict:
+    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root)
+    counters = [_Counter() for _ in range(args.consumers)]
+    started = time.perf_counter()
+    clients = [WaltzClient(config, counter) for counter in counters]
+    for c in clients:
+        await c.start()
+    while any(counter.count < total for counter in counters):
+        await asyncio.sleep(0.01)
+    feed_seconds = time.perf_counter() - started
+    read_started = time.perf_counter()
+    read = 0
+    for p in range(args.partitions):
+        async for _ in clients[0].read(p):
+            read += 1
+    read_seconds = time.perf_counter() - read_started
+    for c in clients:
+        await c.close()
+    return {
+        "feed_tx_per_s": total * args.consumers / feed_seconds,
+        "read_tx_per_s": read / read_seconds,
+        "read_mb_per_s": read * args.size / read_seconds / 1e6,
+    }
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    for name in ("transactions", "partitions", "clients", "concurrency", "consumers"):
+        if getattr(args, name) < 1:
+            print(f"waltz bench: error: --{name} must be at least 1")
+            return 2
+    if args.size < 0 or args.rate < 0 or args.lock_pool < 0:
+        print("waltz bench: error: --size, --rate and --lock-pool must not be negative")
+        return 2
+    shutil.rmtree(args.data_dir, ignore_errors=True)
+    cluster = LocalCluster(
+        args.data_dir, storages=3, partitions=args.partitions, replicas=3, servers=1
+    )
+    print(f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions")
+    cluster.start()
+    try:
+        produced = asyncio.run(_produce(args, cluster))
+        total = produced["committed"] + args.clients * args.partitions  # with the warm-ups
+        consumed = asyncio.run(_consume(args, cluster, total))
+    finally:
+        cluster.stop()
+    mode = f"open loop at {args.rate:g} tx/s" if args.rate else f"{args.concurrency} outstanding"
+    print(
+        f"{args.clients} producer client(s), {args.partitions} partitions, {args.size}-byte "
+        f"transactions, {mode}, lock pool {args.lock_pool or 'none'}; "
+        f"{os.cpu_count()} CPUs ({platform.machine()}), fsync on"
+    )
+    print(
+        f"committed {produced['committed']} in {produced['seconds']:.2f} s: "
+        f"{produced['tx_per_s']:,.0f} tx/s, {produced['mb_per_s']:.1f} MB/s, "
+        f"{produced['retries_per_tx']:.3f} retries/tx, {produced['failed']} failed"
+    )
+    print(
+        f"commit latency (submit -> committed): p50 {produced['p50']:.2f} ms, "
+        f"p99 {produced['p99']:.2f} ms, p999 {produced['p999']:.2f} ms"
+    )
+    print(
+        f"consumers catching up from the start: {consumed['feed_tx_per_s']:,.0f} tx/s "
+        f"({args.consumers} consumer(s)); range read with data: "
+        f"{consumed['read_tx_per_s']:,.0f} tx/s, {consumed['read_mb_per_s']:.1f} MB/s"
+    )
+    return 0
