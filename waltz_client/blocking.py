@@ -22,12 +22,13 @@ class BlockingWaltzClient:
     def __init__(
         self, config: WaltzClientConfig, callbacks: WaltzClientCallbacks | None = None
     ) -> None:
+        client = WaltzClient(config, callbacks)  # bad arguments fail before a thread starts
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="waltz-client-loop", daemon=True
         )
         self._thread.start()
-        self.client = WaltzClient(config, callbacks)
+        self.client = client
         try:
             self._call(self.client.start())
         except BaseException:

@@ -31,6 +31,7 @@ from .config import WaltzClientConfig
 from .monitor import Outcome, Resolution, TransactionMonitor
 from .transaction import Transaction, TransactionBuilder, TransactionContext
 from .wire.client_messages import (
+    MAX_LOCKS,
     AppendRequest,
     ClientMessage,
     ErrorCode,
@@ -50,10 +51,20 @@ from .wire.client_messages import (
     TransactionDataRequest,
     TransactionDataResponse,
 )
-from .wire.records import Record, ReqId
+from .wire.records import DEFAULT_MAX_DATA_BYTES, Record, ReqId
 from .wire.server_connection import ServerConnection
 
 log = logging.getLogger(__name__)
+
+
+def _too_big(builder: TransactionBuilder) -> str:
+    """Why the server would refuse this append outright (it closes the connection)."""
+    if len(builder.data) > DEFAULT_MAX_DATA_BYTES:
+        return f"transaction data of {len(builder.data)} bytes exceeds {DEFAULT_MAX_DATA_BYTES}"
+    for kind in ("write_locks", "read_locks", "append_locks"):
+        if len(getattr(builder, kind)) > MAX_LOCKS:
+            return f"{len(getattr(builder, kind))} {kind} exceed {MAX_LOCKS}"
+    return ""
 
 
 class SubmitStatus(Enum):
@@ -194,9 +205,13 @@ class WaltzClient:
         if self.config.feed:
             wanted = self.config.partitions
             n = self.view.num_partitions
+            missing = sorted(p for p in (wanted or ()) if p >= n)
+            if missing:
+                await self.close()
+                raise WaltzError(
+                    f"partitions {missing} do not exist (the cluster has {n}: 0..{n - 1})"
+                )
             for p in sorted(wanted if wanted is not None else range(n)):
-                if p >= n:
-                    raise WaltzError(f"partition {p} does not exist (the cluster has {n})")
                 self._partition(p, apply=True)
         return self
 
@@ -212,6 +227,10 @@ class WaltzClient:
                 ),
             )
         for state in self._partitions.values():
+            state.ready.set()  # submissions waiting for a mount wake and see the close
+            for sub in state.monitor.items():
+                if sub.attempt is not None and not sub.attempt.done():
+                    sub.attempt.set_result(Resolution(sub, Outcome.LOST))
             for task in state.tasks:
                 task.cancel()
         for state in self._partitions.values():
@@ -320,7 +339,7 @@ class WaltzClient:
                 state.remount.clear()
                 conn.send(MountRequest(q, hwm, link.stream_seq))
                 status = await asyncio.wait_for(state.mount_answer, self.config.mount_timeout)
-            except (OSError, ConnectionError, TimeoutError) as e:
+            except Exception as e:  # refused, timed out, a callback failing: retry it all
                 log.info("partition %d: mounting at %s failed: %s", p, owner[0], e)
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
@@ -410,7 +429,12 @@ class WaltzClient:
                 try:
                     await self._call(self.callbacks.apply_transaction, txn)
                 except Exception as e:
-                    await self._call(self.callbacks.uncaught_exception, state.partition_id, txid, e)
+                    try:
+                        await self._call(
+                            self.callbacks.uncaught_exception, state.partition_id, txid, e
+                        )
+                    except Exception:
+                        log.exception("uncaught_exception itself raised")
                     # Deliver it again: mount anew from the application's high-water mark
                     # (unless a newer mount is already under way), ignoring the rest of
                     # this mount's feed meanwhile.
@@ -454,6 +478,9 @@ class WaltzClient:
             raise ValueError(
                 f"partition_id() returned {p!r}; the cluster has {self.num_partitions} partitions"
             )
+        own = context.max_retries
+        if own is not None and (not isinstance(own, int) or isinstance(own, bool) or own < 1):
+            raise ValueError(f"{type(context).__name__}.max_retries must be None or >= 1")
         state = self._partition(p, apply=False)
         sub = _Submission(context, p, asyncio.get_running_loop().create_future())
         self._submissions.add(sub)
@@ -474,7 +501,9 @@ class WaltzClient:
                 sub.context.on_completion(result.committed)
 
     async def _run(self, sub: _Submission, state: _Partition) -> None:
-        limit = sub.context.max_retries or self.config.max_retries
+        limit = sub.context.max_retries
+        if limit is None:
+            limit = self.config.max_retries
         backoff = self.config.retry_backoff
         reason = ""
         while sub.attempts < limit and not self._closed:
@@ -521,7 +550,14 @@ class WaltzClient:
         )
 
     async def _applied_at_least(self, state: _Partition, txid: int) -> None:
-        while state.applied < txid and not self._closed:
+        """Until the lock's transaction is applied, or request_timeout (it may never
+        commit: locks are taken when an ID is assigned): then retry anyway."""
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout
+        while (
+            state.applied < txid
+            and not self._closed
+            and asyncio.get_running_loop().time() < deadline
+        ):
             state.applied_changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(state.applied_changed.wait(), 1.0)
@@ -530,10 +566,18 @@ class WaltzClient:
         """One execution and append; None when execute() gives up."""
         while True:
             await state.ready.wait()
+            if self._closed:
+                return Resolution(sub, Outcome.LOST)
             hwm = await self._client_high_water_mark(state)
             builder = TransactionBuilder(state.partition_id, hwm)
-            if not sub.context.execute(builder):
+            decision = sub.context.execute(builder)
+            if inspect.isawaitable(decision):  # an async execute()
+                decision = await decision
+            if not decision:
                 return None
+            problem = _too_big(builder)
+            if problem:
+                raise ValueError(problem)
             link = state.link
             if state.ready.is_set() and link is not None and link.stream is not None:
                 break  # else a remount began while executing: run it again
@@ -641,6 +685,11 @@ class WaltzClient:
     ) -> AsyncIterator[Record]:
         """Committed records ``start..stop`` (inclusive; None: up to the high-water mark
         when the read reaches it), with their data, in order."""
+        if start < 0 or batch_records < 1 or batch_bytes < 1 or (stop is not None and stop < -1):
+            raise ValueError(
+                f"read({partition_id}, {start}, {stop}): need start >= 0, stop >= -1 and "
+                f"positive batch sizes"
+            )
         next_txid = start
         while stop is None or next_txid <= stop:
             count = batch_records if stop is None else min(batch_records, stop - next_txid + 1)

@@ -34,6 +34,7 @@ class ClusterView:
         self._zk: KazooClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
+        self._server_loads = 0
 
     async def start(self) -> None:
         """Connect, read the cluster and this client's unique ID, and start watching.
@@ -117,13 +118,17 @@ class ClusterView:
                     log.debug("server %s: %s", child, e)
             return servers
 
+        self._server_loads += 1
+        load_number = self._server_loads
+
         async def load() -> None:
             try:
                 servers = await asyncio.get_running_loop().run_in_executor(None, read)
             except Exception as e:  # the next change reads them again
                 log.warning("reading the live servers failed: %r", e)
                 return
-            self._set_servers(servers)
+            if load_number == self._server_loads:  # a newer change may have finished first
+                self._set_servers(servers)
 
         asyncio.get_running_loop().create_task(load())
 

@@ -136,6 +136,15 @@ class Transaction:
     def data_blocking(self) -> bytes:
         """For synchronous callbacks (they run on a worker thread, not the event loop)."""
         if self._data is None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                pass  # a worker thread: fine
+            else:
+                raise RuntimeError(
+                    "data_blocking() on the event loop would wait forever: "
+                    "use `await transaction.data()` in async callbacks"
+                )
             self._data = self._fetch_blocking()
         return self._data
 

@@ -247,3 +247,41 @@ def test_async_callbacks_run_on_the_event_loop(make_cluster):
         assert callbacks.data == [b"a-%d" % i for i in range(6)]
 
     asyncio.run(scenario())
+
+
+def test_close_releases_waiting_submissions_and_bad_appends_fail_clearly(make_cluster):
+    cluster = make_cluster()
+
+    class Huge(Put):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            builder.set_data(b"x" * (16 * 1024 * 1024 + 1))
+            return True
+
+    class AsyncPut(Put):
+        async def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+            await asyncio.sleep(0)
+            builder.set_data(self.payload)
+            return True
+
+    async def scenario() -> None:
+        client = await WaltzClient(config_for(cluster, feed=False)).start()
+        huge = await client.submit(Huge(b""))
+        assert huge.status == SubmitStatus.FAILED and "exceeds" in huge.reason
+        assert (await client.submit(AsyncPut(b"async execute"))).committed
+        assert [r.data async for r in client.read(0)] == [b"async execute"]
+        with pytest.raises(ValueError, match="start >= 0"):
+            [r async for r in client.read(0, -5)]
+        cluster.storages[1].pause()
+        cluster.storages[2].pause()  # nothing commits: the submission waits...
+        try:
+            waiting = asyncio.ensure_future(client.submit(Put(b"stuck")))
+            await asyncio.sleep(1)
+            assert not waiting.done()
+            await client.close()  # ...until the client closes
+            result = await asyncio.wait_for(waiting, 10)
+            assert result.status == SubmitStatus.FAILED and "closed" in result.reason
+        finally:
+            cluster.storages[1].resume()
+            cluster.storages[2].resume()
+
+    asyncio.run(scenario())
