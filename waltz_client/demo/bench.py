@@ -107,12 +107,15 @@ async def _produce(args, cluster: LocalCluster) -> dict:
 
     started = time.perf_counter()
     if args.rate > 0:
+        # Every millisecond or so, start whatever the schedule says is due by now.
         tasks = []
-        for i in range(args.transactions):
-            delay = started + i / args.rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(one(i)))
+        i = 0
+        while i < args.transactions:
+            due = min(args.transactions, int((time.perf_counter() - started) * args.rate) + 1)
+            while i < due:
+                tasks.append(asyncio.ensure_future(one(i)))
+                i += 1
+            await asyncio.sleep(0.001)
         await asyncio.gather(*tasks)
     else:
         queue = iter(range(args.transactions))
