@@ -13,7 +13,6 @@ import asyncio
 import os
 import platform
 import random
-import shutil
 import time
 
 from ..callbacks import WaltzClientCallbacks
@@ -21,6 +20,7 @@ from ..client import SubmitStatus, WaltzClient
 from ..config import WaltzClientConfig
 from ..local.cluster import LocalCluster
 from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
+from .common import check_at_least_one, fresh_cluster
 
 
 def register(groups: argparse._SubParsersAction) -> None:
@@ -169,17 +169,13 @@ async def _consume(args, cluster: LocalCluster, total: int) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    for name in ("transactions", "partitions", "clients", "concurrency", "consumers"):
-        if getattr(args, name) < 1:
-            print(f"waltz bench: error: --{name} must be at least 1")
-            return 2
+    names = ("transactions", "partitions", "clients", "concurrency", "consumers")
+    if not check_at_least_one("waltz bench", args, *names):
+        return 2
     if args.size < 0 or args.rate < 0 or args.lock_pool < 0:
         print("waltz bench: error: --size, --rate and --lock-pool must not be negative")
         return 2
-    shutil.rmtree(args.data_dir, ignore_errors=True)
-    cluster = LocalCluster(
-        args.data_dir, storages=3, partitions=args.partitions, replicas=3, servers=1
-    )
+    cluster = fresh_cluster(args.data_dir, args.partitions, 1, [])
     print(f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions")
     cluster.start()
     try:

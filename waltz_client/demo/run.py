@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import os
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ from ..config import WaltzClientConfig
 from ..local.cluster import LocalCluster
 from ..local.verify import replica_digests
 from . import bank
+from .common import FAST_FAILOVER, check_at_least_one, fresh_cluster
 
 
 def register(groups: argparse._SubParsersAction) -> None:
@@ -208,23 +208,12 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    for name in ("clients", "tellers", "transfers", "partitions"):
-        if getattr(args, name) < 1:
-            print(f"waltz demo: error: --{name} must be at least 1")
-            return 2
+    if not check_at_least_one("waltz demo", args, "clients", "tellers", "transfers", "partitions"):
+        return 2
     if args.accounts < 2 * args.partitions:
         print("waltz demo: error: --accounts must be at least twice --partitions")
         return 2
-    shutil.rmtree(args.data_dir, ignore_errors=True)
-    cluster = LocalCluster(
-        args.data_dir,
-        storages=3,
-        partitions=args.partitions,
-        replicas=3,
-        servers=2,
-        # A dead server's partitions move once its ZooKeeper session expires.
-        server_args=["--zk-session-timeout", "4"],
-    )
+    cluster = fresh_cluster(args.data_dir, args.partitions, 2, FAST_FAILOVER)
     say(f"starting a local cluster in {cluster.data_dir}")
     cluster.start(say)
     try:

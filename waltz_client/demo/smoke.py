@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import hashlib
 import random
-import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from ..local.cluster import LocalCluster
 from ..local.verify import replica_digests
 from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
 from ..wire.records import ReqId
+from .common import FAST_FAILOVER, check_at_least_one, fresh_cluster
 
 
 def register(groups: argparse._SubParsersAction) -> None:
@@ -301,21 +301,13 @@ async def _verify(args, cluster, results: Results, consumers, hwms) -> dict[str,
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
-    for name in ("clients", "writers", "partitions", "lock_pool"):
-        if getattr(args, name) < 1:
-            print(f"waltz smoke: error: --{name.replace('_', '-')} must be at least 1")
-            return 2
+    if not check_at_least_one("waltz smoke", args, "clients", "writers", "partitions", "lock_pool"):
+        return 2
     if args.duration <= 0 or args.fault_every <= 0:
         print("waltz smoke: error: --duration and --fault-every must be positive")
         return 2
-    shutil.rmtree(args.data_dir, ignore_errors=True)
-    cluster = LocalCluster(
-        args.data_dir,
-        storages=3,
-        partitions=args.partitions,
-        replicas=3,
-        servers=2,
-        server_args=["--zk-session-timeout", "4", "--storage-timeout", "2"],
+    cluster = fresh_cluster(
+        args.data_dir, args.partitions, 2, [*FAST_FAILOVER, "--storage-timeout", "2"]
     )
     say(f"starting a local cluster in {cluster.data_dir}")
     cluster.start(say)
