@@ -393,7 +393,7 @@ def test_closing_metadata_applies_step_six():
             "a": ReplicaState(5, UNRESOLVED),  # member of 5, now a member of 9
             "b": ReplicaState(5, UNRESOLVED),  # member of 5, offline now: resolve
             "c": ReplicaState(2, 7),  # resolved earlier: unchanged
-            "z": ReplicaState(4, 6),  # no longer assigned: kept as it was
+            "z": ReplicaState(4, 6),  # no longer assigned: dropped
         },
     )
     new = closing_metadata(old, 4, 9, ["a", "b", "c", "d"], ["a", "d"], 30)
@@ -405,7 +405,6 @@ def test_closing_metadata_applies_step_six():
             "b": ReplicaState(5, 30),
             "c": ReplicaState(2, 7),
             "d": ReplicaState(9, UNRESOLVED),  # a new replica, now a member
-            "z": ReplicaState(4, 6),
         },
     )
 
@@ -769,3 +768,49 @@ def test_own_session_knowledge_needs_a_reachable_majority():
     meta = _three_members(5)
     _, d = decide(meta, ["a:1", "b:1", "c:1"], {"a:1": _member_view(5, 29)}, OwnSession(5, 24))
     assert isinstance(d, Undecidable)
+
+
+# --- the replica set changes; a member loses its disk ----------------------------------
+
+
+def test_a_replica_added_after_the_writing_session_does_not_vote():
+    """3 -> 4 replicas with one old member lagging: 900 was committed on two of the three
+    the session wrote to; the new, empty replica must not lower the vote to 895."""
+    meta = PartitionMetadata(1, 6, {a: ReplicaState(5, UNRESOLVED) for a in ("a:1", "b:1", "c:1")})
+    views = {
+        "a:1": StorageView(5, 0, 0, 900),
+        "b:1": StorageView(5, 0, 0, 900),
+        "c:1": StorageView(5, 0, 0, 895),
+        "d:1": StorageView(-1, -1, -1, -1),
+    }
+    assessments, d = decide(meta, ["a:1", "b:1", "c:1", "d:1"], views)
+    assert d == Decided(900)
+    assert assessments["d:1"].standing == Standing.UNKNOWN  # it is caught up, not asked
+    # With one old member down the vote still counts three voters, not four: it waits
+    # for a (which may hold 900 too), rather than deciding low.
+    del views["a:1"]
+    _, d = decide(meta, ["a:1", "b:1", "c:1", "d:1"], views)
+    assert d == Undecidable(900, 1, 1, 2)
+
+
+def test_a_member_that_lost_its_state_counts_as_offline():
+    """c acknowledged W's transactions and came back empty: its vote is unknown, so
+    8..10 (on a only, but perhaps committed with c) must not be truncated on a guess."""
+    meta = PartitionMetadata(1, 6, {a: ReplicaState(5, UNRESOLVED) for a in ("a:1", "b:1", "c:1")})
+    views = {
+        "a:1": StorageView(5, 0, 0, 10),
+        "b:1": StorageView(5, 0, 0, 7),
+        "c:1": StorageView(-1, -1, -1, -1),  # a fresh disk
+    }
+    assessments, d = decide(meta, ["a:1", "b:1", "c:1"], views)
+    assert isinstance(d, Undecidable)
+    assert assessments["c:1"].standing == Standing.UNKNOWN
+    # The server that ran the session knows what it acknowledged.
+    _, d = decide(meta, ["a:1", "b:1", "c:1"], views, OwnSession(5, 10))
+    assert d == Decided(10)
+
+
+def test_closing_metadata_records_exactly_the_session_replica_set():
+    old = PartitionMetadata(1, 6, {a: ReplicaState(5, UNRESOLVED) for a in ("a", "b", "c")})
+    new = closing_metadata(old, 1, 6, ["a", "b", "d"], ["a", "b", "d"], 40)
+    assert set(new.replicas) == {"a", "b", "d"}

@@ -110,21 +110,32 @@ def decide(
     reachable replica holds it) and whatever a majority of all replicas visibly holds.
     A new owner has no such knowledge and waits, as the spec says."""
     writer = writing_session(metadata)
+    current = set(replicas)
+    # W's commits were counted against W's replica set, which the metadata lists exactly
+    # (closing_metadata records each session's set); before any session wrote, the
+    # current set. A replica added since cannot hold W's transactions and does not vote.
+    voters = set(metadata.replicas) if writer != NO_SESSION else current
     assessments: dict[str, Assessment] = {}
     marks: list[int] = []
     offline = 0
-    for address in sorted(set(replicas)):
+    for address in sorted(current | voters):
         state = metadata.replicas.get(address, ReplicaState())
-        view = views.get(address)
-        if view is None:
-            if state.session_id == writer and state.closing_high_water_mark == UNRESOLVED:
-                offline += 1  # may hold W's transactions
+        view = views.get(address) if address in current else None
+        assessment = assess(state, view, writer) if view is not None else None
+        if assessment is not None:
+            assessments[address] = assessment
+        if address not in voters:
+            continue
+        member = state.session_id == writer and state.closing_high_water_mark == UNRESOLVED
+        if assessment is None or (member and assessment.standing == Standing.UNKNOWN):
+            # Offline, or a member of W that lost its state (a replaced disk): either may
+            # have acknowledged W's transactions, so its vote is unknown.
+            if member:
+                offline += 1
             else:
                 marks.append(-1)  # cannot hold anything W committed that others lack
             continue
-        a = assess(state, view, writer)
-        assessments[address] = a
-        marks.append(a.vote)
+        marks.append(assessment.vote)
     decision = vote(marks, offline)
     if isinstance(decision, Undecidable) and own is not None and own.session_id == writer:
         total = len(marks) + offline
@@ -173,10 +184,12 @@ def closing_metadata(
     decided: int,
 ) -> PartitionMetadata:
     """Step 6: the new session's members become ``(S, UNRESOLVED)``; replicas that left a
-    session with an unresolved closing mark get the decided one; others keep theirs."""
+    session with an unresolved closing mark get the decided one; others keep theirs.
+    Replicas no longer assigned are dropped."""
     member_set = set(members)
     states: dict[str, ReplicaState] = {}
-    for address in sorted(set(replicas) | set(metadata.replicas)):
+    # Exactly the session's replica set: the next recovery counts its quorum over it.
+    for address in sorted(set(replicas)):
         old = metadata.replicas.get(address, ReplicaState())
         if address in member_set:
             states[address] = ReplicaState(session_id, UNRESOLVED)
