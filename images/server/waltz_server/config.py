@@ -9,6 +9,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from waltz_client.cluster.paths import normalise_root
 from waltz_client.settings import (
     REQUIRED,
     ConfigError,
@@ -149,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerConfig:
-    values, _ = SCHEMA.load(argv, environ)
+    values, sources = SCHEMA.load(argv, environ)
+    try:
+        values["zk_root"] = normalise_root(values["zk_root"])
+    except ValueError as e:
+        raise ConfigError(f"setting zk_root (from {sources['zk_root']}): {e}") from None
     if values["max_frame_bytes"] > 2**32 - 1:
         raise ConfigError("setting max_frame_bytes: must fit the 32-bit frame length")
     if values["max_data_bytes"] + MAX_APPEND_OVERHEAD > values["max_frame_bytes"]:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from waltz_client.cluster.metadata import validate_storage_address
+from waltz_client.cluster.paths import normalise_root
 from waltz_client.partition_ranges import parse_partition_ranges
 from waltz_client.settings import (
     REQUIRED,
@@ -118,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> StorageConfig:
     values, sources = SCHEMA.load(argv, environ)
+    try:
+        values["zk_root"] = normalise_root(values["zk_root"])
+    except ValueError as e:
+        raise ConfigError(f"setting zk_root (from {sources['zk_root']}): {e}") from None
     if values["zookeeper"]:
         if sources["partitions"] != "default":
             raise ConfigError(

@@ -285,7 +285,9 @@ class StorageServer:
         self.connections: set[StorageConnection] = set()
         self.workers: dict[int, PartitionWorker] = {}
         self._executor = ThreadPoolExecutor(
-            max_workers=min(32, max(4, len(node.partitions))), thread_name_prefix="waltz-storage-io"
+            # Partitions may arrive later (from ZooKeeper): size for a few per core.
+            max_workers=min(32, max(8, len(node.partitions))),
+            thread_name_prefix="waltz-storage-io",
         )
         self._server: asyncio.Server | None = None
 
