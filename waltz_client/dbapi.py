@@ -19,6 +19,7 @@ from typing import Any
 from .callbacks import WaltzClientCallbacks
 from .transaction import Transaction
 
+_MARKERS = {"qmark": "?", "format": "%s"}  # DB-API paramstyle -> parameter marker
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -29,20 +30,20 @@ class DatabaseCallbacks(WaltzClientCallbacks):
         apply: Callable[[Any, Transaction], None],
         *,
         table: str = "waltz_high_water_marks",
-        placeholder: str = "?",
+        paramstyle: str = "qmark",
     ) -> None:
         """``connect()`` opens a DB-API connection; ``apply(cursor, transaction)`` writes
         one transaction's effects with that cursor (no commit: this class commits).
-        ``placeholder`` is the driver's parameter marker: ``?`` for sqlite3, ``%s`` for
-        psycopg."""
+        ``paramstyle`` is the driver's DB-API paramstyle: ``qmark`` (``?``) for sqlite3,
+        ``format`` (``%s``) for psycopg."""
         if not _TABLE_NAME.fullmatch(table):
             raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
-        if placeholder not in ("?", "%s"):
-            raise ValueError(f"placeholder must be '?' or '%s', got {placeholder!r}")
+        if paramstyle not in _MARKERS:
+            raise ValueError(f"paramstyle must be 'qmark' or 'format', got {paramstyle!r}")
         self._connect = connect
         self._apply = apply
         self._table = table
-        self._p = placeholder
+        self._p = _MARKERS[paramstyle]
         self._local = threading.local()
         self._create_lock = threading.Lock()
         self._created = False

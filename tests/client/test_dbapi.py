@@ -294,14 +294,14 @@ def test_table_name_with_trailing_newline_is_refused(db: Db) -> None:
         db.callbacks(table="marks\n")
 
 
-@pytest.mark.parametrize("placeholder", ["", "%", ":1", "$1", "?? ", " ?", "%(p)s", None])
-def test_bad_placeholders(db: Db, placeholder) -> None:
-    with pytest.raises(ValueError, match="placeholder"):
-        db.callbacks(placeholder=placeholder)
+@pytest.mark.parametrize("style", ["", "?", "%s", "numeric", "named", "pyformat", None])
+def test_bad_paramstyles(db: Db, style) -> None:
+    with pytest.raises(ValueError, match="paramstyle"):
+        db.callbacks(paramstyle=style)
 
 
-def test_percent_s_placeholder_is_accepted() -> None:
-    DatabaseCallbacks(lambda: None, lambda cur, t: None, placeholder="%s")
+def test_format_paramstyle_is_accepted() -> None:
+    DatabaseCallbacks(lambda: None, lambda cur, t: None, paramstyle="format")
 
 
 def test_two_clients_sharing_a_database_apply_once(db: Db) -> None:

@@ -26,9 +26,9 @@ async def serve(config: ServerConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     # Bind first: the registration must name the ports clients will reach.
-    placeholder = ServerRegistration("pending", config.advertised(), 0, 0)
+    unregistered = ServerRegistration("pending", config.advertised(), 0, 0)
     coordinator = ServerCoordinator(
-        config.zookeeper, config.zk_root, placeholder, session_timeout=config.zk_session_timeout
+        config.zookeeper, config.zk_root, unregistered, session_timeout=config.zk_session_timeout
     )
     server = WaltzServer(config, coordinator)
     try:
