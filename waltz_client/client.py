@@ -56,6 +56,10 @@ from .wire.server_connection import ServerConnection
 
 log = logging.getLogger(__name__)
 
+# Stream messages queued for one partition before its server's stream stops being read
+# (each FeedData carries up to a few thousand headers).
+MAX_INBOX = 64
+
 
 def _too_big(builder: TransactionBuilder) -> str:
     """Why the server would refuse this append outright (it closes the connection)."""
@@ -108,6 +112,7 @@ class _Partition:
     link: _ServerLink | None = None
     mount_req: ReqId | None = None
     broken_mount: ReqId | None = None  # its feed stopped at an application failure
+    paused: ServerConnection | None = None  # the stream we stopped reading for this inbox
     applied: int = -1  # the last transaction ID delivered (and applied, when applying)
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # appends may go out
     remount: asyncio.Event = field(default_factory=asyncio.Event)
@@ -366,12 +371,22 @@ class WaltzClient:
 
     def _on_stream_message(self, m: ClientMessage) -> None:
         state = self._partitions.get(m.req_id.partition_id)
-        if state is not None:
-            state.inbox.put_nowait(m)
+        if state is None:
+            return
+        state.inbox.put_nowait(m)
+        link = state.link
+        if state.inbox.qsize() >= MAX_INBOX and link is not None and link.stream is not None:
+            # The application applies slower than the feed arrives: stop reading this
+            # server's stream until the inbox drains (its feeds then wait for us).
+            link.stream.pause_reading()
+            state.paused = link.stream
 
     async def _inbox_loop(self, state: _Partition) -> None:
         while True:
             m = await state.inbox.get()
+            if state.paused is not None and state.inbox.qsize() <= MAX_INBOX // 2:
+                state.paused.resume_reading()
+                state.paused = None
             try:
                 await self._handle(state, m)
             except asyncio.CancelledError:

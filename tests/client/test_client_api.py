@@ -285,3 +285,46 @@ def test_close_releases_waiting_submissions_and_bad_appends_fail_clearly(make_cl
             cluster.storages[2].resume()
 
     asyncio.run(scenario())
+
+
+def test_a_slow_consumer_holds_back_the_feed_instead_of_buffering_it(make_cluster):
+    cluster = make_cluster()
+    n = 6000
+
+    class Slow(WaltzClientCallbacks):
+        def __init__(self) -> None:
+            self.hwm = -1
+            self.most_queued = 0
+            self.client: WaltzClient | None = None
+
+        async def client_high_water_mark(self, partition_id: int) -> int:
+            return self.hwm
+
+        async def apply_transaction(self, t: Transaction) -> None:
+            assert self.client is not None
+            queued = self.client._partitions[0].inbox.qsize()
+            self.most_queued = max(self.most_queued, queued)
+            if t.transaction_id % 10 == 0:
+                await asyncio.sleep(0.01)  # a slow database
+            self.hwm = t.transaction_id
+
+    async def scenario() -> None:
+        slow = Slow()
+        client = WaltzClient(config_for(cluster), slow)
+        slow.client = client
+        async with client:
+            # Written in many small rounds while the consumer lags: many feed frames.
+            async with WaltzClient(config_for(cluster, feed=False)) as writer:
+                for r in range(n // 20):
+                    await asyncio.gather(
+                        *(writer.submit(Put(b"f-%d" % (20 * r + i))) for i in range(20))
+                    )
+            for _ in range(600):
+                if slow.hwm == n - 1:
+                    break
+                await asyncio.sleep(0.05)
+        assert slow.hwm == n - 1
+        # Without back pressure hundreds of feed frames would wait in the inbox.
+        assert slow.most_queued <= 70, slow.most_queued
+
+    asyncio.run(scenario())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 
 from .client_messages import SERVER_PROTOCOL_VERSIONS, ClientMessage, decode_server_response
@@ -53,6 +54,8 @@ class ServerConnection:
         self.closed_reason: str | None = None
         self.closed_event = asyncio.Event()
         self._out: list[bytes] = []
+        self._reading = asyncio.Event()
+        self._reading.set()
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
@@ -104,6 +107,14 @@ class ServerConnection:
         if out and self.closed_reason is None:
             self._writer.write(b"".join(out))
 
+    def pause_reading(self) -> None:
+        """Stop reading the socket (the consumer is behind): the server's writes back up,
+        and its feeds wait for us."""
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
     async def drain(self) -> None:
         self._flush_out()
         await self._writer.drain()
@@ -111,14 +122,22 @@ class ServerConnection:
     async def _read_loop(self) -> None:
         reason = "closed by the server"
         try:
+            frames: deque[tuple[int, bytes]] = deque()
             while True:
-                data = await self._reader.read(256 * 1024)
-                if not data:
-                    break
-                for message_type, body in self._decoder.feed(data):
+                # Deliver one frame at a time, so a pause takes effect between frames,
+                # not after the whole chunk a read returned.
+                while frames:
+                    if not self._reading.is_set():
+                        await self._reading.wait()
+                    message_type, body = frames.popleft()
                     self._on_message(
                         decode_server_response(message_type, body, self._max_data_bytes)
                     )
+                await self._reading.wait()
+                data = await self._reader.read(256 * 1024)
+                if not data:
+                    break
+                frames.extend(self._decoder.feed(data))
         except (ProtocolError, OSError) as e:
             reason = f"{type(e).__name__}: {e}"
             log.warning("connection to %s failed: %s", self.endpoint, reason)
