@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from ..client import SubmitStatus, WaltzClient
 from ..config import WaltzClientConfig
 from ..local.cluster import LocalCluster
-from ..local.verify import replica_digests
+from ..local.verify import converged_digests
 from . import bank
 from .common import FAST_FAILOVER, check_at_least_one, fresh_cluster
 
@@ -162,8 +162,8 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster) -> int:
     applied = [{p: c.applied_high_water_mark(p) for p in hwms} for c in clients]
     for c in clients:
         await c.close()
-    await asyncio.sleep(3)  # let a restarted storage node rejoin its sessions
-    digests = {p: await replica_digests(cluster, p, hwms[p]) for p in hwms if hwms[p] >= 0}
+    # A restarted storage node catches up in its next store session.
+    digests = await converged_digests(cluster, hwms)
 
     balances = [bank.balances(path) for path in paths]
     rows = [bank.applied(path) for path in paths]

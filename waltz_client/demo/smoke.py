@@ -27,7 +27,7 @@ from ..callbacks import WaltzClientCallbacks
 from ..client import SubmitStatus, WaltzClient
 from ..config import WaltzClientConfig
 from ..local.cluster import LocalCluster
-from ..local.verify import replica_digests
+from ..local.verify import converged_digests
 from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
 from ..wire.records import ReqId
 from .common import FAST_FAILOVER, check_at_least_one, fresh_cluster
@@ -280,7 +280,7 @@ async def _verify(args, cluster, results: Results, consumers, hwms) -> dict[str,
         "the log holds each payload once",
         [] if sum(len(v) for v in log.values()) == len(in_log) else ["a payload appears twice"],
     )
-    digests = {p: await replica_digests(cluster, p, hwms[p]) for p in hwms if hwms[p] >= 0}
+    digests = await converged_digests(cluster, hwms)
     check(
         "every replica identical for the committed prefix",
         [

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 from ..cluster.admin import read_cluster
 from ..cluster.zk import close, connect
-from ..wire.storage_client import StorageClient
+from ..wire.storage_client import StorageClient, StorageFailure
 from .cluster import LocalCluster
 
 
@@ -26,14 +27,36 @@ async def replica_digests(cluster: LocalCluster, partition: int, high_water_mark
     for proc in cluster.storages:
         digest = hashlib.sha256()
         next_txid = 0
-        async with await StorageClient.connect("127.0.0.1", proc.ready["port"]) as sc:
-            await sc.open(params.key, params.num_partitions)
-            while next_txid <= high_water_mark:
-                count = high_water_mark - next_txid + 1
-                batch = await sc.records(session, partition, next_txid, count)
-                if not len(batch):
-                    break
-                digest.update(batch.buf)
-                next_txid = batch.last_txid + 1
+        try:
+            async with await StorageClient.connect("127.0.0.1", proc.ready["port"]) as sc:
+                await sc.open(params.key, params.num_partitions)
+                while next_txid <= high_water_mark:
+                    count = high_water_mark - next_txid + 1
+                    batch = await sc.records(session, partition, next_txid, count)
+                    if not len(batch):
+                        break
+                    digest.update(batch.buf)
+                    next_txid = batch.last_txid + 1
+        except (StorageFailure, ConnectionError, OSError, TimeoutError):
+            next_txid = -1  # a new session started (fenced), or the node is down: not now
         digests.append(digest.hexdigest()[:16] if next_txid > high_water_mark else "incomplete")
     return digests
+
+
+async def converged_digests(
+    cluster: LocalCluster, high_water_marks: dict[int, int], timeout: float = 60.0
+) -> dict[int, list[str]]:
+    """Per partition, the replica digests once they agree (a replica that was down
+    catches up in the next store session), or as they are when ``timeout`` runs out."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        digests = {
+            p: await replica_digests(cluster, p, hwm)
+            for p, hwm in sorted(high_water_marks.items())
+            if hwm >= 0
+        }
+        agreed = all(len(set(d)) == 1 and "incomplete" not in d for d in digests.values())
+        if agreed or loop.time() > deadline:
+            return digests
+        await asyncio.sleep(1.0)
