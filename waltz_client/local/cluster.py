@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import sys
 import time
@@ -50,8 +51,31 @@ class LocalLayout:
         return [f"{HOST}:{port}" for port, _ in self.storage_ports]
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A free port below the kernel's ephemeral range: the ports are kept across restarts
+    (the replica assignment names storage nodes by host:port), and a port from the
+    ephemeral range may meanwhile become some outgoing connection's source port."""
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), max(1025, low - 1))
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no luck below the range: any free port
         s.bind((HOST, 0))
         return s.getsockname()[1]
 

@@ -290,7 +290,15 @@ class Partition:
         self._wake_feeds()
 
     async def _watch(self, session: StoreSession) -> str:
-        """Wait until the session must end; the reason."""
+        """Wait until the session must end; the reason. A planned end (the checkpoint
+        interval, a replica back) first lets what is in flight commit."""
+        reason = await self._until_end(session)
+        if not session.ended.done():
+            self._active.clear()  # the append task holds new appends for the next session
+            await session.drain(self.context.connect_timeout)
+        return reason
+
+    async def _until_end(self, session: StoreSession) -> str:
         missing = [a for a in self.context.replicas if a not in session.members]
         for address in session.members:
             self._rejoin_attempts.pop(address, None)
@@ -334,7 +342,12 @@ class Partition:
                 self._queue_ready.clear()
                 await self._queue_ready.wait()
                 continue
-            if self.state != State.ACTIVE or self.session is None or self.session.failed:
+            if (
+                self.state != State.ACTIVE
+                or not self._active.is_set()
+                or self.session is None
+                or self.session.failed
+            ):
                 if self.session is not None and self.session.failed:
                     self.state = State.RECOVERING  # the session loop starts a new session
                     self._active.clear()

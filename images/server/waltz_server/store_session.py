@@ -231,6 +231,17 @@ class StoreSession:
             self._window.release()
             self._on_commit(RecordBatch(done.buf, done.spans), done.started)
 
+    async def drain(self, timeout: float) -> None:
+        """Until every queued and in-flight record is committed (or the session ended, or
+        ``timeout`` seconds): a planned end loses nothing."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (
+            (self._queued or self._in_flight)
+            and not self.ended.done()
+            and asyncio.get_running_loop().time() < deadline
+        ):
+            await asyncio.sleep(0.005)
+
     def check_stragglers(self, now: float, timeout: float) -> None:
         """End the session if a member has left a request unanswered for ``timeout`` s
         (a paused or wedged storage node: the next session leaves it out)."""
