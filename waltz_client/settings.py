@@ -100,6 +100,13 @@ def text(value: Any) -> str:
     return value
 
 
+def znode_root(value: Any) -> str:
+    """A cluster root such as /waltz, normalised (ValueError names what is wrong)."""
+    from .cluster.paths import normalise_root
+
+    return normalise_root(text(value))
+
+
 def log_level(value: Any) -> str:
     level = str(value).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):

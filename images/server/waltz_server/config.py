@@ -9,7 +9,6 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from waltz_client.cluster.paths import normalise_root
 from waltz_client.settings import (
     REQUIRED,
     ConfigError,
@@ -20,6 +19,7 @@ from waltz_client.settings import (
     log_level,
     size_at_least,
     text,
+    znode_root,
 )
 from waltz_client.wire.client_messages import MAX_LOCKS
 from waltz_client.wire.records import DEFAULT_MAX_DATA_BYTES
@@ -44,7 +44,7 @@ def _server_id(value: object) -> str:
 
 SETTINGS = (
     Setting("zookeeper", text, REQUIRED, "ZooKeeper connect string (host:port[,...][/chroot])"),
-    Setting("zk_root", text, "/waltz", "the cluster's root znode"),
+    Setting("zk_root", znode_root, "/waltz", "the cluster's root znode"),
     Setting(
         "zk_session_timeout",
         float_in(2.0, 300.0),
@@ -150,11 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerConfig:
-    values, sources = SCHEMA.load(argv, environ)
-    try:
-        values["zk_root"] = normalise_root(values["zk_root"])
-    except ValueError as e:
-        raise ConfigError(f"setting zk_root (from {sources['zk_root']}): {e}") from None
+    values, _ = SCHEMA.load(argv, environ)
     if values["max_frame_bytes"] > 2**32 - 1:
         raise ConfigError("setting max_frame_bytes: must fit the 32-bit frame length")
     if values["max_data_bytes"] + MAX_APPEND_OVERHEAD > values["max_frame_bytes"]:

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from waltz_client.cluster.metadata import validate_storage_address
-from waltz_client.cluster.paths import normalise_root
 from waltz_client.partition_ranges import parse_partition_ranges
 from waltz_client.settings import (
     REQUIRED,
@@ -21,6 +20,7 @@ from waltz_client.settings import (
     parse_uuid,
     size_at_least,
     text,
+    znode_root,
 )
 
 ENV_PREFIX = "WALTZ_STORAGE_"
@@ -35,7 +35,7 @@ SETTINGS = [
         "ZooKeeper connect string: read key, partition count and "
         "this node's partitions from the cluster's metadata, and follow its changes",
     ),
-    Setting("zk_root", text, "/waltz", "the cluster's root znode (with zookeeper)"),
+    Setting("zk_root", znode_root, "/waltz", "the cluster's root znode (with zookeeper)"),
     Setting(
         "advertised_address",
         str,
@@ -119,10 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> StorageConfig:
     values, sources = SCHEMA.load(argv, environ)
-    try:
-        values["zk_root"] = normalise_root(values["zk_root"])
-    except ValueError as e:
-        raise ConfigError(f"setting zk_root (from {sources['zk_root']}): {e}") from None
     if values["zookeeper"]:
         if sources["partitions"] != "default":
             raise ConfigError(
