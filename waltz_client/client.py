@@ -120,7 +120,10 @@ class _Partition:
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # stream messages, in order
     monitor: TransactionMonitor[_Submission] = field(default_factory=TransactionMonitor)
     mount_answer: asyncio.Future | None = None
-    flushes: dict[ReqId, tuple[set[ReqId], asyncio.Future]] = field(default_factory=dict)
+    # Flush ReqId -> (appends pending when it was sent, the mount it was sent under, answer)
+    flushes: dict[ReqId, tuple[set[ReqId], ReqId | None, asyncio.Future]] = field(
+        default_factory=dict
+    )
     tasks: list[asyncio.Task] = field(default_factory=list)
 
 
@@ -411,16 +414,21 @@ class WaltzClient:
                 resolution = state.monitor.lock_failed(q, txid)
                 if resolution is not None:
                     self._resolve(state, [resolution])
-            case FlushResponse(req_id=q):
-                sent_before, future = state.flushes.pop(q, (set(), None))
-                self._resolve(state, state.monitor.flushed(sent_before))
-                if future is not None and not future.done():
+            case FlushResponse(req_id=q) if q in state.flushes:
+                sent_before, mount, future = state.flushes.pop(q)
+                # Only the mount it was sent under can say which appends are lost: after a
+                # remount, the new mount's answer settles them instead.
+                if mount == state.mount_req:
+                    self._resolve(state, state.monitor.flushed(sent_before))
+                if not future.done():
                     future.set_result(m.transaction_id)
             case FeedSuspended(req_id=q) if q == state.mount_req:
                 log.info("partition %d: feed suspended: %s", state.partition_id, m.reason)
                 state.remount.set()
             case ErrorResponse(req_id=q) if q in state.flushes:
-                _, future = state.flushes.pop(q)
+                _, mount, future = state.flushes.pop(q)
+                if m.code == ErrorCode.NOT_MOUNTED and mount == state.mount_req:
+                    state.remount.set()  # the server rebuilt the partition: mount anew
                 if not future.done():
                     future.set_exception(WaltzError(f"flush: {m.code.name}: {m.message}"))
 
@@ -622,7 +630,7 @@ class WaltzClient:
             return None
         q = ReqId(self.client_id, state.generation, state.partition_id, next(self._seqs))
         future = asyncio.get_running_loop().create_future()
-        state.flushes[q] = (state.monitor.pending_ids(), future)
+        state.flushes[q] = (state.monitor.pending_ids(), state.mount_req, future)
         try:
             link.stream.send(FlushRequest(q))
             return await asyncio.wait_for(future, self.config.request_timeout)

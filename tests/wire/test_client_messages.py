@@ -262,6 +262,7 @@ def test_status_and_error_codes():
         "NOT_FOUND": 3,
         "STORAGE_UNAVAILABLE": 4,
         "BAD_REQUEST": 5,
+        "NOT_MOUNTED": 6,
     }
 
 
@@ -1066,7 +1067,7 @@ def test_unknown_mount_status(code):
         decode_server_response(1, REQ_BYTES + bytes([code]))
 
 
-@pytest.mark.parametrize("code", [0, 6, 127, 255])
+@pytest.mark.parametrize("code", [0, 7, 127, 255])
 def test_unknown_error_code(code):
     with pytest.raises(MalformedMessage, match=rf"^ErrorResponse: unknown code {code}$"):
         decode_server_response(15, REQ_BYTES + bytes([code]) + b"\x00\x00")

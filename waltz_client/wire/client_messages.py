@@ -70,6 +70,7 @@ class ErrorCode(IntEnum):
     NOT_FOUND = 3  # reserved: a missing transaction gets a failed TransactionDataResponse
     STORAGE_UNAVAILABLE = 4  # no storage node could answer the read
     BAD_REQUEST = 5  # reserved: a malformed request closes the connection instead
+    NOT_MOUNTED = 6  # a Flush on a connection without a current mount of the client
 
 
 @dataclass(frozen=True, slots=True)

@@ -430,17 +430,34 @@ class Partition:
         self._barrier(lambda through: sub.add_marker(through, frame))
 
     def _flush(self, connection: ClientConnection, m: FlushRequest) -> None:
+        """A Flush settles the client's appends only on its mount feed in this partition
+        object, after the transactions it covers. Without one (the partition object was
+        rebuilt since the client mounted, or it never mounted here) the answer could not
+        say which of its appends this object's recovery committed: refuse it."""
         q = m.req_id
+        sub = self._mount_feed(connection, q.client_id)
+        if sub is None:
+            connection.send(
+                ErrorResponse(
+                    q,
+                    ErrorCode.NOT_MOUNTED,
+                    f"partition {self.partition_id}: this connection has no current mount of "
+                    f"client {q.client_id}; mount again",
+                ).encode()
+            )
+            return
 
         def answer(through: int) -> None:
-            frame = FlushResponse(q, self.high_water_mark).encode()
-            for sub in self.subscriptions:
-                if sub.mounted and sub.connection is connection:
-                    sub.add_marker(through, frame)
-                    return
-            connection.send(frame)
+            if sub in self.subscriptions:  # not replaced by a newer mount meanwhile
+                sub.add_marker(through, FlushResponse(q, self.high_water_mark).encode())
 
         self._barrier(answer)
+
+    def _mount_feed(self, connection: ClientConnection, client_id: int) -> Subscription | None:
+        for sub in self.subscriptions:
+            if sub.mounted and sub.connection is connection and sub.req_id.client_id == client_id:
+                return sub
+        return None
 
     def _barrier(self, callback: Callable[[int], None]) -> None:
         """Call back with the last transaction to deliver first, once every append queued
