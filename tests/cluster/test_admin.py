@@ -19,6 +19,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from waltz_client.cluster import admin
 from waltz_client.cluster.metadata import (
     NO_SESSION,
+    UNRESOLVED,
     ClusterParams,
     Ownership,
     PartitionMetadata,
@@ -517,6 +518,61 @@ def test_unassign_refused_below_the_replica_count(zk, zk_root) -> None:
     assert held[0] not in a.storages["s1:9000"]
     assert len(a.replicas_of(held[0])) == 2
     assert a.problems(12, 2) == []
+
+
+def _writing_session(zk, root, partition, members, others=()) -> None:
+    """Record a writing session 7 of ``members`` (and earlier-session ``others``)."""
+    states = {a: ReplicaState(7, UNRESOLVED) for a in members}
+    states.update({a: ReplicaState(6, 10) for a in others})
+    zk.set(ClusterPaths.of(root).partition(partition), PartitionMetadata(1, 7, states).encode())
+
+
+def test_removing_members_the_last_writing_session_needs_is_refused(zk, zk_root) -> None:
+    # The issue's example: {s0, s1, s2} grew to {s0, s1, s2, s3}, and a session ran over
+    # the four before s3 joined. Removing s0 would leave 2 of 4: the vote could wait for
+    # ever. Once s3 is a member, it may go.
+    create(zk, zk_root, num_partitions=1, num_replicas=3)
+    admin.add_storage(zk, zk_root, "s3:9000", partitions={0})
+    _writing_session(zk, zk_root, 0, ["s0:9000", "s1:9000", "s2:9000"], others=["s3:9000"])
+    before = snapshot(zk, zk_root)
+    for op in (
+        lambda: admin.unassign_partitions(zk, zk_root, "s0:9000", {0}),
+        lambda: admin.remove_storage(zk, zk_root, "s0:9000"),
+    ):
+        with pytest.raises(ClusterError) as info:
+            op()
+        message = str(info.value)
+        assert "partition 0: its last writing session (session 7)" in message
+        assert "only 2 of its members would remain after removing s0:9000" in message
+        assert "recovery needs 3" in message
+        assert snapshot(zk, zk_root) == before
+    _writing_session(zk, zk_root, 0, ["s0:9000", "s1:9000", "s2:9000", "s3:9000"])
+    a = admin.remove_storage(zk, zk_root, "s0:9000")
+    assert a.replicas_of(0) == ["s1:9000", "s2:9000", "s3:9000"]
+
+
+def test_a_session_recorded_during_a_replica_change_makes_it_decide_again(
+    zk, clients, zk_root, monkeypatch
+) -> None:
+    # The metadata read and the assignment write are one transaction: a server recording
+    # a new session in between (here: s3 not yet a member) is seen, and the change refused.
+    create(zk, zk_root, num_partitions=1, num_replicas=3)
+    admin.add_storage(zk, zk_root, "s3:9000", partitions={0})
+    _writing_session(zk, zk_root, 0, ["s0:9000", "s1:9000", "s2:9000", "s3:9000"])
+    server = clients()
+    transaction, began = zk.transaction, []
+
+    def racing_transaction():  # the server writes just after our checks read
+        if not began:
+            _writing_session(server, zk_root, 0, ["s0:9000", "s1:9000", "s2:9000"], ["s3:9000"])
+        began.append(True)
+        return transaction()
+
+    monkeypatch.setattr(zk, "transaction", racing_transaction)
+    with pytest.raises(ClusterError, match="only 2 of its members would remain"):
+        admin.unassign_partitions(zk, zk_root, "s0:9000", {0})
+    assert len(began) == 1  # the first attempt's transaction failed; the second refused
+    assert "s0:9000" in admin.read_assignment(zk, zk_root)[0].replicas_of(0)
 
 
 # --- reading --------------------------------------------------------------------------------

@@ -292,14 +292,24 @@ def test_decide_with_no_replicas_at_all():
     assert decide(PartitionMetadata(), (), {}) == ({}, Decided(-1))
 
 
-def test_decide_only_considers_the_current_replica_set():
-    # "z" was removed from the assignment; its state and view are ignored, and "a"..."c"
-    # (one of them offline but not a member) decide on their own.
+def test_decide_counts_a_removed_voter_that_answers():
+    # "z" was removed from the assignment but is a member of the writing session: its
+    # storage node still serves the partition for this vote. "c" (current, not a voter)
+    # is offline and does not matter.
     m = meta(("a", 5, UNRESOLVED), ("b", 5, UNRESOLVED), ("z", 5, UNRESOLVED))
     views = {"a": view(5, 1, 9), "b": view(5, 1, 9), "z": view(5, 1, 50)}
     assessments, decision = decide(m, ["c", "b", "a", "a"], views)
     assert decision == Decided(9)
-    assert set(assessments) == {"a", "b"}
+    assert set(assessments) == {"a", "b", "z"}
+
+
+def test_a_removed_voter_decides_what_the_remaining_members_cannot():
+    # Transaction 9 reached a and z (a quorum of a, b, z); b lags. With z removed from
+    # the assignment and unreachable, 9 may be committed: wait. Its answer decides.
+    m = meta(("a", 5, UNRESOLVED), ("b", 5, UNRESOLVED), ("z", 5, UNRESOLVED))
+    ab = {"a": view(5, 1, 9), "b": view(5, 1, 7)}
+    assert isinstance(decide(m, ["a", "b", "d"], ab)[1], Undecidable)
+    assert decide(m, ["a", "b", "d"], {**ab, "z": view(5, 1, 9)})[1] == Decided(9)
 
 
 def test_decide_mixes_all_standings():

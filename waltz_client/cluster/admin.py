@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
-    BadVersionError,
     ConnectionLoss,
     NodeExistsError,
     NoNodeError,
@@ -34,6 +33,7 @@ from .metadata import (
 )
 from .paths import ClusterPaths
 from .placement import assign_replicas
+from .replica_safety import replica_change_problem
 from .zk import ClusterError
 
 CAS_ATTEMPTS = 20
@@ -241,7 +241,12 @@ def update_assignment(
     root: str,
     change: Callable[[ReplicaAssignment, ClusterParams], ReplicaAssignment],
 ) -> ReplicaAssignment:
-    """Compare-and-set the replica assignment: ``change`` may raise ClusterError to refuse."""
+    """Compare-and-set the replica assignment: ``change`` may raise ClusterError to refuse.
+
+    A change to a partition's replica set is refused if it could leave the partition
+    unable to recover (``replica_safety``). That check reads the partition's metadata, so
+    the write is one ZooKeeper transaction that also checks those znodes' versions: a
+    server recording a new session meanwhile makes us read and decide again."""
     paths = ClusterPaths.of(root)
     params = read_params(zk, root)
     for _ in range(CAS_ATTEMPTS):
@@ -249,12 +254,44 @@ def update_assignment(
         new = change(current, params)
         if new == current:
             return current
-        try:
-            zk.set(paths.assignment, new.encode(), version=version)
+        checked = _check_replica_changes(zk, paths, current, new, params.num_partitions)
+        txn = zk.transaction()
+        for path, metadata_version in checked.items():
+            txn.check(path, metadata_version)
+        txn.set_data(paths.assignment, new.encode(), version=version)
+        if not any(isinstance(r, Exception) for r in txn.commit()):
             return new
-        except BadVersionError:
-            continue  # changed under us: recompute from the new state
+        # The assignment or a partition's metadata changed under us: decide again.
     raise ClusterError("the replica assignment kept changing; try again")
+
+
+def _check_replica_changes(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    current: ReplicaAssignment,
+    new: ReplicaAssignment,
+    num_partitions: int,
+) -> dict[str, int]:
+    """Refuse (ClusterError) a change that could leave a partition unable to recover; the
+    metadata znodes read, with their versions."""
+    versions: dict[str, int] = {}
+    problems = []
+    for p in range(num_partitions):
+        replicas = set(new.replicas_of(p))
+        if replicas == set(current.replicas_of(p)):
+            continue
+        path = paths.partition(p)
+        try:
+            data, stat = zk.get(path)
+        except NoNodeError:
+            continue  # no session has run: nothing to lose
+        versions[path] = stat.version
+        problem = replica_change_problem(p, _decode(path, data, PartitionMetadata), replicas)
+        if problem is not None:
+            problems.append(problem)
+    if problems:
+        raise ClusterError("refusing to change the replica assignment: " + "; ".join(problems))
+    return versions
 
 
 def _check_replicas(new: ReplicaAssignment, params: ClusterParams, action: str) -> None:

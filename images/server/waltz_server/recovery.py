@@ -39,6 +39,7 @@ from waltz_client.cluster.metadata import (
     PartitionMetadata,
     ReplicaState,
 )
+from waltz_client.cluster.replica_safety import writing_session
 
 from .recovery_vote import Decided, Undecidable, vote
 
@@ -65,10 +66,6 @@ class Assessment:
     standing: Standing
     truncate_to: int | None  # before the vote; None: keep everything
     vote: int  # the highest transaction ID it holds that is certainly not dirty
-
-
-def writing_session(metadata: PartitionMetadata) -> int:
-    return max((r.session_id for r in metadata.replicas.values()), default=NO_SESSION)
 
 
 def assess(state: ReplicaState, view: StorageView, writer: int) -> Assessment:
@@ -100,7 +97,9 @@ def decide(
     own: OwnSession | None = None,
 ) -> tuple[dict[str, Assessment], Decided | Undecidable]:
     """Assess every reachable replica and vote. ``replicas`` is the partition's current
-    replica set; those missing from ``views`` are offline.
+    replica set; ``views`` may also hold voters no longer in it (members of the writing
+    session since removed from the assignment: their storage nodes keep serving the
+    partition for this vote). Voters missing from ``views`` are offline.
 
     ``own``: when this server ran the writing session itself, an undecidable vote has a
     safe answer it alone can give. Nobody saw a transaction above what it acknowledged,
@@ -120,7 +119,7 @@ def decide(
     offline = 0
     for address in sorted(current | voters):
         state = metadata.replicas.get(address, ReplicaState())
-        view = views.get(address) if address in current else None
+        view = views.get(address)
         assessment = assess(state, view, writer) if view is not None else None
         if assessment is not None:
             assessments[address] = assessment

@@ -22,6 +22,7 @@ from typing import Protocol
 from kazoo.exceptions import KazooException
 
 from waltz_client.cluster.metadata import PartitionMetadata
+from waltz_client.cluster.replica_safety import writing_members
 from waltz_client.wire.errors import ProtocolError
 from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
@@ -149,10 +150,13 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
     report(f"recovering in session {session_id}")
     clients: dict[str, StorageClient] = {}
     views: dict[str, StorageView] = {}
+    # Members of the writing session removed from the assignment since still vote: their
+    # storage nodes keep serving the partition until this session's metadata drops them.
+    dial = [*ctx.replicas, *sorted(writing_members(meta) - set(ctx.replicas))]
     handed_over = False
     try:
         while True:
-            missing = [a for a in ctx.replicas if a not in clients]
+            missing = [a for a in dial if a not in clients]
             results = await asyncio.gather(
                 *(_connect(ctx, a, session_id) for a in missing), return_exceptions=True
             )
@@ -175,12 +179,14 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
         decided = decision.high_water_mark
         positions: dict[str, int] = {}
         for address, a in assessments.items():
-            if a.truncate_to is not None:
+            if a.truncate_to is not None and address in ctx.replicas:
                 await _timed(ctx, clients[address].truncate(session_id, p, a.truncate_to))
-            positions[address] = a.vote
+            positions[address] = a.vote  # clean up to here (a removed voter is only read)
         votes = {a: x.vote for a, x in assessments.items()}
         members: dict[str, Member] = {}
         for address, client in clients.items():
+            if address not in ctx.replicas:
+                continue  # it voted; it no longer holds the partition
             try:
                 await _clean(ctx, session_id, client, clients, positions, votes, address, decided)
             except _RETRYABLE as e:

@@ -1,8 +1,9 @@
 """Following the cluster's metadata in ZooKeeper: which partitions this storage node holds.
 
-The decisions are pure (``partitions_of``, ``plan_change``); ``ClusterFollower``
-is the thin shell: kazoo runs in its own thread and hands each new replica
-assignment to the event loop with ``call_soon_threadsafe``.
+The decisions are pure (``partitions_of``, ``plan_change``,
+``replica_safety.still_needed``); ``ClusterFollower`` is the thin shell: kazoo runs
+in its own thread and hands each new replica assignment (and each change of a
+retiring partition's metadata) to the event loop with ``call_soon_threadsafe``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from waltz_client.cluster.admin import read_params
-from waltz_client.cluster.metadata import ClusterParams, MetadataError, ReplicaAssignment
+from waltz_client.cluster.metadata import (
+    ClusterParams,
+    MetadataError,
+    PartitionMetadata,
+    ReplicaAssignment,
+)
 from waltz_client.cluster.paths import ClusterPaths
+from waltz_client.cluster.replica_safety import still_needed
 from waltz_client.cluster.zk import ClusterError, close, connect
 
 log = logging.getLogger(__name__)
@@ -27,9 +34,12 @@ def partitions_of(assignment: ReplicaAssignment, address: str) -> set[int]:
     return set(assignment.storages.get(address, frozenset()))
 
 
-def plan_change(current: set[int], desired: set[int]) -> tuple[list[int], list[int]]:
-    """(partitions to open, partitions to close), in ID order."""
-    return sorted(desired - current), sorted(current - desired)
+def plan_change(
+    current: set[int], assigned: set[int], retiring: set[int] = frozenset()
+) -> tuple[list[int], list[int]]:
+    """(partitions to open, partitions to close), in ID order. ``retiring``: partitions no
+    longer assigned here that stay open while their next recovery needs this node's vote."""
+    return sorted(assigned - current), sorted(current - assigned - retiring)
 
 
 def default_advertised_address(host: str, port: int) -> str:
@@ -45,6 +55,7 @@ class ClusterFollower:
         self.connect_string = connect_string
         self.paths = ClusterPaths.of(root)
         self._zk: KazooClient | None = None
+        self._watched: set[int] = set()  # retiring partitions whose metadata is watched
 
     async def connect(self, retry_every: float = 2.0) -> None:
         """Connect, retrying (with a log line) until ZooKeeper answers."""
@@ -96,6 +107,52 @@ class ClusterFollower:
             self._zk.DataWatch(path, watcher)
         except NoNodeError:  # pragma: no cover - DataWatch tolerates a missing node
             log.error("%s does not exist", path)
+
+    async def needing_vote(self, partitions: set[int], address: str) -> set[int]:
+        """Of ``partitions``, those whose next recovery needs ``address``'s vote (it is a
+        member of their last writing session). A partition whose metadata does not decode
+        is kept: when in doubt, keep serving."""
+        assert self._zk is not None
+        zk = self._zk
+
+        def read() -> set[int]:
+            needed = set()
+            for p in sorted(partitions):
+                path = self.paths.partition(p)
+                try:
+                    data, _ = zk.get(path)
+                    metadata = PartitionMetadata.decode(data)
+                except NoNodeError:
+                    continue
+                except MetadataError as e:
+                    log.error("%s: %s; keeping partition %d open", path, e, p)
+                    needed.add(p)
+                    continue
+                if still_needed(metadata, address):
+                    needed.add(p)
+            return needed
+
+        return await asyncio.get_running_loop().run_in_executor(None, read)
+
+    def watch_partition(self, partition_id: int, on_change: Callable[[], None]) -> None:
+        """Call ``on_change`` on the event loop whenever the partition's metadata changes,
+        until ``unwatch_partition``."""
+        assert self._zk is not None
+        loop = asyncio.get_running_loop()
+        if partition_id in self._watched:
+            return
+        self._watched.add(partition_id)
+
+        def watcher(_data: bytes | None, _stat: object) -> bool:  # kazoo's thread
+            if partition_id not in self._watched:
+                return False  # unregisters the watch
+            loop.call_soon_threadsafe(on_change)
+            return True
+
+        self._zk.DataWatch(self.paths.partition(partition_id), watcher)
+
+    def unwatch_partition(self, partition_id: int) -> None:
+        self._watched.discard(partition_id)
 
     async def close(self) -> None:
         if self._zk is not None:

@@ -94,7 +94,7 @@ async def serve(config: StorageConfig) -> int:
     if follower is not None:
         advertised = config.advertised_address or default_advertised_address(config.host, port)
         first_assignment = asyncio.Event()
-        apply = AssignmentApplier(node, server, advertised)
+        apply = AssignmentApplier(node, server, advertised, follower)
         follower.watch_assignment(lambda a: apply.submit(a, first_assignment))
         await first_assignment.wait()
     log.info(
@@ -127,48 +127,91 @@ async def serve(config: StorageConfig) -> int:
 
 
 class AssignmentApplier:
-    """Opens and closes partitions as the replica assignment changes, one change at a time."""
+    """Opens and closes partitions as the replica assignment changes, one change at a time.
 
-    def __init__(self, node: StorageNode, server: StorageServer, address: str) -> None:
+    A partition no longer assigned here stays open while it is a member of the
+    partition's last writing session: the next recovery counts its vote (removing it at
+    once could leave that vote undecidable). The partition's metadata is watched and the
+    partition closed once a newer session no longer lists it as a member."""
+
+    def __init__(
+        self, node: StorageNode, server: StorageServer, address: str, follower: ClusterFollower
+    ) -> None:
         self._node = node
         self._server = server
         self._address = address
+        self._follower = follower
         self._latest: ReplicaAssignment | None = None
+        self._current: ReplicaAssignment | None = None
+        self._retiring: set[int] = set()
         self._task: asyncio.Task | None = None
+        self._applied: list[asyncio.Event] = []
 
-    def submit(self, assignment: ReplicaAssignment, applied: asyncio.Event) -> None:
+    def submit(self, assignment: ReplicaAssignment, applied: asyncio.Event | None = None) -> None:
         self._latest = assignment
+        if applied is not None:
+            self._applied.append(applied)
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._apply(applied))
+            self._task = asyncio.get_running_loop().create_task(self._apply())
+            self._task.add_done_callback(_log_failure)
 
-    async def _apply(self, applied: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
+    def _metadata_changed(self) -> None:
+        if self._current is not None:
+            self.submit(self._latest or self._current)
+
+    async def _apply(self) -> None:
         while self._latest is not None:
             assignment, self._latest = self._latest, None
-            if self._address not in assignment.storages:
-                log.warning(
-                    "%s is not in the cluster's replica assignment (nodes: %s); "
-                    "holding no partitions",
-                    self._address,
-                    ", ".join(sorted(assignment.storages)) or "none",
-                )
-            to_open, to_close = plan_change(
-                set(self._node.partitions), partitions_of(assignment, self._address)
+            self._current = assignment
+            try:
+                await self._apply_one(assignment)
+            except Exception as e:  # ZooKeeper unreachable, a disk error: try again
+                log.error("applying the replica assignment failed: %s; retrying in 2 s", e)
+                await asyncio.sleep(2.0)
+                self._latest = self._latest or assignment
+        for event in self._applied:
+            event.set()
+        self._applied.clear()
+
+    async def _apply_one(self, assignment: ReplicaAssignment) -> None:
+        loop = asyncio.get_running_loop()
+        if self._address not in assignment.storages:
+            log.warning(
+                "%s is not in the cluster's replica assignment (nodes: %s); holding no partitions",
+                self._address,
+                ", ".join(sorted(assignment.storages)) or "none",
             )
-            for p in to_open:
-                await loop.run_in_executor(None, self._node.add_partition, p)
-                self._server.add_partition(p)
-            for p in to_close:
-                await self._server.remove_partition(p)
-                await loop.run_in_executor(None, self._node.remove_partition, p)
-            if to_open or to_close:
-                log.info(
-                    "replica assignment changed: opened %s, closed %s; holding %s",
-                    format_partition_ranges(to_open) or "none",
-                    format_partition_ranges(to_close) or "none",
-                    format_partition_ranges(set(self._node.partitions)) or "none",
-                )
-            applied.set()
+        current = set(self._node.partitions)
+        assigned = partitions_of(assignment, self._address)
+        retiring = await self._follower.needing_vote(current - assigned, self._address)
+        to_open, to_close = plan_change(current, assigned, retiring)
+        for p in to_open:
+            await loop.run_in_executor(None, self._node.add_partition, p)
+            self._server.add_partition(p)
+        for p in to_close:
+            await self._server.remove_partition(p)
+            await loop.run_in_executor(None, self._node.remove_partition, p)
+            self._follower.unwatch_partition(p)
+        for p in sorted(retiring - self._retiring):
+            log.info(
+                "partition %d is no longer assigned here, but its last writing session "
+                "counts this node's vote: serving it until a newer session has recovered",
+                p,
+            )
+            self._follower.watch_partition(p, self._metadata_changed)
+        self._retiring = retiring
+        if to_open or to_close:
+            log.info(
+                "replica assignment changed: opened %s, closed %s; holding %s",
+                format_partition_ranges(to_open) or "none",
+                format_partition_ranges(to_close) or "none",
+                format_partition_ranges(set(self._node.partitions)) or "none",
+            )
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("applying the replica assignment failed: %s", task.exception())
 
 
 def main(argv: list[str] | None = None) -> None:
