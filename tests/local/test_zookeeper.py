@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +21,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from waltz_client.local.zookeeper import (
     EmbeddedZooKeeper,
     ZooKeeperUnavailable,
+    _signals_held,
     find_java,
     find_zookeeper_classpath,
 )
@@ -246,36 +250,162 @@ def test_startup_failure_reports_the_log(tmp_path: Path) -> None:
     assert server.pid is None
 
 
+def test_interrupts_wait_until_the_child_is_recorded() -> None:
+    """While the JVM is spawned and recorded, SIGINT and SIGTERM wait (and then run), so an
+    interrupt cannot leave a JVM that ``stop()`` and the exit hook know nothing of."""
+    received: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    previous = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _signals_held():
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(0.01)  # (a Python handler would have run by now)
+            assert received == []
+        assert received == [signal.SIGTERM, signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is record
+        assert signal.getsignal(signal.SIGTERM) is record
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 # -- the command line ---------------------------------------------------------------------
+
+# Hang guards only: on a loaded machine a JVM may take long to start or stop, and every
+# wait below ends as soon as what it waits for happens.
+HANG_GUARD = 120.0
+
+
+def command_line(*args: str) -> list[str]:
+    """The CLI as a background job of a shell without job control starts it: with SIGINT
+    ignored (inherited). It must still stop on SIGINT, however pytest itself was started."""
+    cli = shlex.join([sys.executable, "-m", "waltz_client.local.zookeeper", *args])
+    return ["/bin/sh", "-c", f"trap '' INT; exec {cli}"]
+
+
+def read_line(proc: subprocess.Popen[bytes], timeout: float = HANG_GUARD) -> str:
+    """The first line of the child's stdout, without hanging if it never comes."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    data = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no line on stdout within {timeout:g} s"
+        if select.select([fd], [], [], remaining)[0]:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"stdout closed (exit code {proc.wait(HANG_GUARD)}), read {data!r}"
+            data += chunk
+    return data.split(b"\n", 1)[0].decode()
+
+
+def jvms_using(data_dir: Path) -> list[int]:
+    """Pids of processes whose command line names ``data_dir`` (the JVM's config is there)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = (Path("/proc") / entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(data_dir).encode() in cmdline and b"waltz_client" not in cmdline:
+                found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper does not count)."""
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def end(proc: subprocess.Popen[bytes], *pids: int) -> None:
+    """After a failure: stop the CLI (its SIGTERM handler stops the JVM), then make sure."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(HANG_GUARD)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def test_command_line_serves_until_interrupted(tmp_path: Path) -> None:
     require_zookeeper()
+    data_dir = tmp_path / "zk"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "waltz_client.local.zookeeper",
-            *("--data-dir", str(tmp_path / "zk"), "--port", "0"),
-        ],
+        command_line("--data-dir", str(data_dir), "--port", "0", "--timeout", str(HANG_GUARD)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
-        assert proc.stdout is not None
-        connect_string = proc.stdout.readline().strip()
+        connect_string = read_line(proc)  # printed once ZooKeeper serves: the readiness signal
         host, port = connect_string.rsplit(":", 1)
         assert host == "127.0.0.1"
+        jvms = jvms_using(data_dir)
+        assert len(jvms) == 1, jvms
         with kazoo(connect_string) as zk:
             zk.create("/from-cli", b"ok")
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
+        _, err_bytes = proc.communicate(timeout=HANG_GUARD)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc, *jvms_using(data_dir))
+    err = err_bytes.decode()
     assert proc.returncode == 0, err
     assert "ZooKeeper stopped" in err
-    probe = EmbeddedZooKeeper(str(tmp_path / "zk"), port=int(port))
+    assert not [pid for pid in jvms if alive(pid)], "the JVM outlived the command"
+    probe = EmbeddedZooKeeper(str(data_dir), port=int(port))
     assert not probe.ruok(timeout=0.5)  # nothing answers there any more
+
+
+def test_command_line_interrupted_while_starting_ends_the_whole_process_group(
+    tmp_path: Path,
+) -> None:
+    require_zookeeper()  # the class path must resolve; "java" is a stand-in that never serves
+    started = tmp_path / "started"
+    java = tmp_path / "java"
+    # The stand-in leaves a child of its own, so only a kill of its process group ends both.
+    java.write_text(
+        "#!/bin/sh\n"
+        "sleep 600 &\n"
+        f'echo "$$ $!" > {shlex.quote(str(started))}.tmp\n'
+        f"mv {shlex.quote(str(started))}.tmp {shlex.quote(str(started))}\n"
+        "exec sleep 600\n"
+    )
+    java.chmod(0o755)
+    proc = subprocess.Popen(
+        command_line(
+            *("--data-dir", str(tmp_path / "zk"), "--port", "0"),
+            *("--java", str(java), "--timeout", "600"),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + HANG_GUARD
+        while not started.exists():
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the stand-in java never started"
+            time.sleep(0.05)
+        pids = [int(p) for p in started.read_text().split()]
+        # The command is now waiting for a server that will never answer.
+        proc.send_signal(signal.SIGINT)
+        out, err_bytes = proc.communicate(timeout=HANG_GUARD)
+    finally:
+        end(proc, *pids)
+    err = err_bytes.decode()
+    assert proc.returncode == 0, err
+    assert "ZooKeeper stopped" in err
+    assert out == b"", "it claimed to serve"
+    assert not [pid for pid in pids if alive(pid)], "part of the process group outlived it"

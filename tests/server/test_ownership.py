@@ -1,15 +1,24 @@
-"""Partition ownership: balanced, stable, minimal moves, and every move bumps the generation."""
+"""Partition ownership: balanced, stable, minimal moves, and every move bumps the generation;
+and the backoff between the assigner's retries of a failed rebalance."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waltz_client.cluster.metadata import Ownership
-from waltz_server.ownership import assign_owners, assigner, owned_by
+from waltz_server.ownership import (
+    REBALANCE_RETRY_CAP,
+    REBALANCE_RETRY_FIRST,
+    assign_owners,
+    assigner,
+    owned_by,
+    rebalance_retry_delay,
+)
 
 EMPTY = Ownership({})
 
@@ -183,6 +192,32 @@ def test_owned_by():
     assert owned_by(ownership, "a") == {0: 3, 2: 5}
     assert owned_by(ownership, "b") == {1: 1}
     assert owned_by(ownership, "c") == {}
+
+
+def test_rebalance_retry_delay_doubles_from_the_first_delay_up_to_the_cap():
+    assert [rebalance_retry_delay(n, first=0.5, cap=30.0) for n in range(1, 10)] == [
+        0.5,
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        30.0,
+        30.0,
+        30.0,
+    ]
+    assert rebalance_retry_delay(1) == REBALANCE_RETRY_FIRST
+    # A very long outage stays at the cap (no overflow).
+    assert rebalance_retry_delay(10_000) == REBALANCE_RETRY_CAP
+    with pytest.raises(ValueError):
+        rebalance_retry_delay(0)
+
+
+@given(failures=st.integers(1, 5_000))
+def test_rebalance_retry_delay_is_bounded_and_never_shrinks(failures):
+    delay = rebalance_retry_delay(failures)
+    assert REBALANCE_RETRY_FIRST <= delay <= REBALANCE_RETRY_CAP
+    assert rebalance_retry_delay(failures + 1) >= delay
 
 
 # --- properties -----------------------------------------------------------------------

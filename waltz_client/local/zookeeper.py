@@ -26,11 +26,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
-from collections.abc import Sequence
-from types import TracebackType
-from typing import IO
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType, TracebackType
+from typing import IO, Any
 
 __all__ = [
     "EmbeddedZooKeeper",
@@ -324,23 +325,25 @@ class EmbeddedZooKeeper:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self._log_offset = log.tell()
         try:
-            self._proc = subprocess.Popen(
-                self.command_line(java, classpath),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.data_dir,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            log.close()
-            raise ZooKeeperUnavailable(f"cannot run {java}: {exc}") from exc
-        self._log = log
-        _RUNNING.add(self)
-        try:
+            # Until the child is recorded, an interrupt would leave a JVM nothing knows of.
+            with _signals_held():
+                try:
+                    self._proc = subprocess.Popen(
+                        self.command_line(java, classpath),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=self.data_dir,
+                        start_new_session=True,
+                    )
+                except OSError as exc:
+                    log.close()
+                    raise ZooKeeperUnavailable(f"cannot run {java}: {exc}") from exc
+                self._log = log
+                _RUNNING.add(self)
             self._wait_ready(deadline, timeout)
         except BaseException:
-            self.kill()
+            self.kill()  # the JVM's whole process group, if it was started
             raise
 
     def _wait_ready(self, deadline: float, timeout: float) -> None:
@@ -519,6 +522,33 @@ class _PortTaken(Exception):
     """The server could not bind its port."""
 
 
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Run SIGINT and SIGTERM's Python handlers only once the block is over (at its end,
+    in arrival order), so that they cannot interrupt it halfway. Only the main thread
+    runs Python signal handlers; elsewhere, and for SIG_IGN or SIG_DFL, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    held: dict[int, Callable[[int, FrameType | None], Any]] = {}
+    for signum in _HELD_SIGNALS:
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            held[signum] = handler
+            signal.signal(signum, lambda s, _frame: pending.append(s))
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+        for signum in pending:
+            held[signum](signum, None)  # may raise (KeyboardInterrupt): the caller cleans up
+
+
 def _write_file(path: str, text: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -546,10 +576,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.data_dir, args.port, args.host, java=args.java, heap_mb=args.heap_mb
     )
 
-    def on_term(signum: int, frame: object) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
+    # Installed explicitly, and before anything slow: a process started in the background
+    # by a shell without job control (`cmd &` in a script, CI, test runners started so)
+    # inherits SIGINT *ignored*, and Python then leaves it ignored instead of raising
+    # KeyboardInterrupt, so Ctrl-C or `kill -INT` would never stop the server.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         try:
             server.start(timeout=args.timeout)
@@ -569,6 +604,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {line}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        # Stopping is bounded (SIGKILL after 10 s); a second Ctrl-C must not cut it short
+        # and leave the JVM running on its own.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         server.stop()
         print("ZooKeeper stopped", file=sys.stderr)
         return 0

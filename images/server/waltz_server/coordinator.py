@@ -2,7 +2,9 @@
 
 Every server registers an ephemeral node; the lowest live server ID
 rebalances ownership (``ownership.assign_owners``) by compare-and-set
-whenever the set of live servers changes. Every server follows the
+whenever the set of live servers changes; a rebalance that fails is retried
+with capped exponential backoff until it succeeds, a newer membership change
+supersedes it, or this server is no longer the assigner. Every server follows the
 ownership node and serves exactly the partitions it names for it. When the
 ZooKeeper session is lost, the server stops serving at once: another server
 may already own its partitions. kazoo runs in its own thread; everything it
@@ -31,10 +33,17 @@ from waltz_client.cluster.metadata import (
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import ClusterError, close, connect
 
-from .ownership import assign_owners, assigner, owned_by
+from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay
 from .recovery_manager import MetadataConflict
 
 log = logging.getLogger(__name__)
+
+
+def _describe(e: BaseException) -> str:
+    """The error's type and message: kazoo's errors (NoAuthError(), ...) often have no
+    message, and a bare empty string in the log would hide what failed."""
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 class ServerCoordinator:
@@ -62,6 +71,12 @@ class ServerCoordinator:
         self.assignment: ReplicaAssignment | None = None
         self.connected = False
         self.live_servers: list[str] = []
+        # One rebalance task at a time. Every request sets the event; the task clears it
+        # as an attempt starts, so requests during an attempt or a backoff coalesce.
+        self._rebalance_task: asyncio.Task[None] | None = None
+        self._rebalance_wanted = asyncio.Event()
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def set_handlers(
         self,
@@ -108,6 +123,12 @@ class ServerCoordinator:
         self.zk.DataWatch(self.paths.ownership, self._ownership_changed)
 
     async def stop(self) -> None:
+        self._stopping = True  # no new rebalance or re-registration from here on
+        for task in (self._rebalance_task, self._reconnect_task):
+            if task is not None and not task.done():
+                task.cancel()
+                # asyncio.wait neither raises the task's cancellation nor hides our own.
+                await asyncio.wait({task})
         if self._zk is not None:
             zk, self._zk = self._zk, None
             await self._run(close, zk)
@@ -133,13 +154,15 @@ class ServerCoordinator:
             try:
                 await self._run(self._register)
                 self.connected = True
-                await self._rebalance()
+                self._request_rebalance()
                 data, _ = await self._run(self.zk.get, self.paths.ownership)
                 self._ownership_changed(data, None)
             except Exception as e:  # the next state change retries
-                log.warning("re-registering after a new ZooKeeper session failed: %s", e)
+                log.warning("re-registering after a new ZooKeeper session failed: %s", _describe(e))
 
-        asyncio.get_running_loop().create_task(again())
+        if not self._stopping:
+            # Kept so that the task is not garbage-collected midway and stop() can end it.
+            self._reconnect_task = asyncio.get_running_loop().create_task(again())
 
     def _register(self) -> None:
         path = self.paths.server(self.registration.server_id)
@@ -173,7 +196,7 @@ class ServerCoordinator:
 
     def _servers_now(self, children: list[str]) -> None:
         self.live_servers = sorted(children)
-        asyncio.get_running_loop().create_task(self._rebalance())
+        self._request_rebalance()
 
     def _ownership_changed(self, data, stat) -> None:
         if data is None:
@@ -191,11 +214,56 @@ class ServerCoordinator:
 
     # --- the assigner -------------------------------------------------------------------
 
-    async def _rebalance(self) -> None:
-        try:
-            await self._run(self._rebalance_blocking)
-        except Exception as e:
-            log.warning("rebalancing partitions failed: %s", e)
+    def _request_rebalance(self) -> None:
+        """Rebalance soon. A request while the rebalance task is attempting or backing off
+        makes it attempt again at once, over the newest membership, with a fresh backoff."""
+        if self._stopping:
+            return
+        self._rebalance_wanted.set()
+        if self._rebalance_task is None or self._rebalance_task.done():
+            task = asyncio.get_running_loop().create_task(self._rebalance_until_done())
+            task.add_done_callback(self._rebalance_finished)
+            self._rebalance_task = task
+
+    async def _rebalance_until_done(self) -> None:
+        failures = 0
+        while self._rebalance_wanted.is_set():
+            self._rebalance_wanted.clear()
+            try:
+                await self._run(self._rebalance_blocking)
+            except Exception as e:
+                failures += 1
+                if not self._may_retry_rebalance():
+                    # A new session or membership change requests a rebalance of its own.
+                    log.warning(
+                        "rebalancing partitions failed (%s); not retrying: no ZooKeeper "
+                        "session, or this server is no longer the assigner",
+                        _describe(e),
+                    )
+                    continue
+                delay = rebalance_retry_delay(failures)
+                log.warning(
+                    "rebalancing partitions failed (%s); retrying in %g s", _describe(e), delay
+                )
+                try:
+                    await asyncio.wait_for(self._rebalance_wanted.wait(), delay)
+                    failures = 0  # superseded by a newer request: start the backoff over
+                except TimeoutError:
+                    self._rebalance_wanted.set()
+            else:
+                failures = 0
+
+    def _may_retry_rebalance(self) -> bool:
+        return (
+            not self._stopping
+            and self.connected
+            and assigner(self.live_servers) == self.registration.server_id
+        )
+
+    def _rebalance_finished(self, task: asyncio.Task[None]) -> None:
+        # The loop handles every Exception; anything reaching here is a bug worth a trace.
+        if not task.cancelled() and (e := task.exception()) is not None:
+            log.error("the rebalance task failed", exc_info=e)
 
     def _rebalance_blocking(self) -> None:
         assert self.params is not None

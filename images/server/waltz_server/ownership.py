@@ -4,7 +4,8 @@ Pure and deterministic, so every server computes the same answer from the
 same ZooKeeper state; the lowest live server ID writes it (by compare-and-set).
 A partition moves only when its owner is gone or when the balance is off by
 more than one; a moved partition's generation goes up by one, so appends
-stamped with the old generation are ignored.
+stamped with the old generation are ignored. ``rebalance_retry_delay`` paces the
+assigner's retries after a failed write.
 """
 
 from __future__ import annotations
@@ -46,6 +47,24 @@ def assign_owners(current: Ownership, num_partitions: int, live: Iterable[str]) 
         moved = owners[p] != before
         out[p] = (owners[p], generations[p] + 1 if moved else generations[p])
     return Ownership(out)
+
+
+# A failed rebalance leaves a dead server's partitions unowned, so the first retry comes
+# soon; doubling then spares a ZooKeeper that keeps failing, and the cap bounds how long
+# ownership can lag once it recovers. No jitter: only one server (the assigner) retries.
+REBALANCE_RETRY_FIRST = 0.5
+REBALANCE_RETRY_CAP = 30.0
+
+
+def rebalance_retry_delay(
+    failures: int, first: float = REBALANCE_RETRY_FIRST, cap: float = REBALANCE_RETRY_CAP
+) -> float:
+    """Seconds to wait before retrying after ``failures`` (>= 1) consecutive failed
+    rebalances: ``first``, doubling per failure, never more than ``cap``."""
+    if failures < 1:
+        raise ValueError(f"failures must be >= 1, got {failures}")
+    # The exponent is bounded so that a long outage cannot overflow the float.
+    return min(cap, first * 2.0 ** min(failures - 1, 64))
 
 
 def assigner(live: Iterable[str]) -> str | None:
