@@ -548,7 +548,13 @@ def test_reads_of_a_missing_transaction(tmp_path: Path, request_) -> None:
         node.close()
 
 
-def test_a_damaged_record_is_an_io_error_not_bad_data(tmp_path: Path) -> None:
+def test_a_damaged_record_is_an_io_error_then_the_partition_is_unavailable(
+    tmp_path: Path,
+) -> None:
+    """Damage that appeared after the open (which checked every record): the read that finds
+    it fails with IO_ERROR, never bad data, and the partition, which can no longer serve
+    what it acknowledged, refuses everything from then on (not ready; a restart would not
+    help, so it stays live)."""
     node = open_node(tmp_path)
     try:
         svc = node.partitions[0]
@@ -560,18 +566,26 @@ def test_a_damaged_record_is_an_io_error_not_bad_data(tmp_path: Path) -> None:
             b = f.read(1)
             f.seek(offset)
             f.write(bytes([b[0] ^ 1]))
+        assert svc.process([RecordRequest(1, 1, 0, 3)]) == [
+            RecordResponse(1, 1, 0, make_records(0, 10)[3])
+        ]
         responses = svc.process(
             [
-                RecordRequest(1, 1, 0, 4),
                 RecordListRequest(1, 2, 0, 0, 10),
                 RecordRequest(1, 3, 0, 5),
+                MaxTransactionIdRequest(1, 4, 0),
             ]
         )
         assert_failure(
             responses[0], StorageError.IO_ERROR, "data checksum mismatch in transaction 4"
         )
-        assert_failure(responses[1], StorageError.IO_ERROR, "transaction 4")
-        assert responses[2] == RecordResponse(1, 3, 0, make_records(0, 10)[5])
+        for response in responses[1:]:
+            assert_failure(response, StorageError.PARTITION_UNAVAILABLE, "transaction 4")
+        assert svc.unavailable is not None and "move" in svc.unavailable
+        assert svc.snapshot()["available"] == 0
+        assert not svc.failed_after_open
+        # The other partition is not affected.
+        assert node.partitions[1].process([append(1, 5, 1, 0, 2)]) == [SuccessResponse(1, 5, 1)]
     finally:
         node.close()
 

@@ -8,7 +8,14 @@ import os
 import sys
 import time
 
-from .inspect import read_control_file, read_records, segment_paths, verify_segment
+from .inspect import (
+    partition_dirs,
+    read_control_file,
+    read_records,
+    segment_paths,
+    verify_partition,
+    verify_segment,
+)
 
 
 def register(groups: argparse._SubParsersAction) -> None:
@@ -67,15 +74,19 @@ def _fail(message: str) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     reports = []
+    refused = []  # partitions a node would refuse to open (recovery.refusal)
     for target in args.paths:
         if not os.path.exists(target):
             return _fail(f"{target}: no such file or directory")
         paths = segment_paths(target)
-        if not paths:
+        partitions = [verify_partition(*found) for found in partition_dirs(target)]
+        bad = [r for r in partitions if not r.ok]
+        if not paths and not bad:
             return _fail(f"{target}: no segment files (*.seg) found")
         reports += [verify_segment(path) for path in paths]
+        refused += bad
     if args.json:
-        print(json.dumps([r.as_dict() for r in reports], indent=2))
+        print(json.dumps([r.as_dict() for r in [*reports, *refused]], indent=2))
     else:
         for r in reports:
             status = "OK     " if r.ok else "CORRUPT"
@@ -85,7 +96,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
             )
             for problem in r.problems:
                 print(f"        {problem}")
-    return 0 if all(r.ok for r in reports) else 1
+        for p in refused:
+            print(
+                f"REFUSED {p.path}: partition {p.partition} would not open: its log ends at "
+                f"transaction {p.recovered_end}, local low-water mark {p.local_low_water_mark}"
+            )
+            for problem in p.problems:
+                print(f"        {problem}")
+    return 0 if all(r.ok for r in reports) and not refused else 1
 
 
 def cmd_dump(args: argparse.Namespace) -> int:

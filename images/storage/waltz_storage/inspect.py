@@ -6,6 +6,7 @@ import os
 import re
 import struct
 import uuid
+from array import array
 from dataclasses import dataclass, field
 
 from waltz_client.wire.records import Record, ReqId
@@ -15,19 +16,21 @@ from .control_file import (
     ENTRY_BYTES,
     HEADER_BYTES,
     INFO_BYTES,
+    NO_TRANSACTION,
     PartitionInfo,
     entry_offset,
 )
 from .errors import CorruptSegment
+from .partition import DEFAULT_MAX_TORN_BYTES
+from .recovery import refusal, scan_partition
 from .segment import (
     HEADER_BYTES as SEGMENT_HEADER_BYTES,
 )
 from .segment import (
     RECORD_HEAD,
     RECORD_HEAD_BYTES,
-    RECORD_OVERHEAD,
-    _scan,
     decode_header,
+    scan_records,
 )
 
 _SEGMENT_NAME = re.compile(r"^(\d{19})\.seg$")
@@ -78,15 +81,12 @@ def verify_segment(path: str) -> SegmentReport:
             return report
         report.first_txid = first
         size = os.fstat(fd).st_size
-        offsets = []
-        for txid, offset, _, problem in _scan(fd, SEGMENT_HEADER_BYTES, size, first):
-            if problem is not None:
-                report.problems.append(
-                    f"transaction {txid} at offset {offset}: {problem} "
-                    f"({size - offset} bytes from there to the end)"
-                )
-                break
-            offsets.append(offset)
+        offsets, offset, problem = scan_records(fd, SEGMENT_HEADER_BYTES, size, first)
+        if problem is not None:
+            report.problems.append(
+                f"transaction {first + len(offsets)} at offset {offset}: {problem} "
+                f"({size - offset} bytes from there to the end)"
+            )
         report.records = len(offsets)
     finally:
         os.close(fd)
@@ -94,7 +94,7 @@ def verify_segment(path: str) -> SegmentReport:
     return report
 
 
-def _verify_index(path: str, data_header: bytes, offsets: list[int], report: SegmentReport) -> None:
+def _verify_index(path: str, data_header: bytes, offsets: array, report: SegmentReport) -> None:
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -119,6 +119,85 @@ def _verify_index(path: str, data_header: bytes, offsets: list[int], report: Seg
         report.problems.append(
             f"{os.path.basename(path)}: {n - len(offsets)} entries past the last record"
         )
+
+
+@dataclass
+class PartitionReport:
+    """What a node would decide on opening a partition directory (``recovery.refusal``)."""
+
+    path: str
+    partition: int
+    recovered_end: int  # the last transaction of the intact log from transaction 0
+    local_low_water_mark: int  # from the control file (-1 without one)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "partition": self.partition,
+            "ok": self.ok,
+            "recovered_end": self.recovered_end,
+            "local_low_water_mark": self.local_low_water_mark,
+            "problems": self.problems,
+        }
+
+
+def partition_dirs(target: str) -> list[tuple[str, int, str | None]]:
+    """(directory, partition ID, control file or None) of the partition directories that a
+    verify target names: a storage directory's, or the target itself."""
+    if not os.path.isdir(target):
+        return []
+    names = os.listdir(target)
+    control = os.path.join(target, CONTROL_FILE_NAME)
+    if os.path.isfile(control) or not any(_SEGMENT_NAME.match(n) for n in names):
+        return [
+            (os.path.join(target, n), int(n), control if os.path.isfile(control) else None)
+            for n in sorted(names, key=lambda n: (len(n), n))
+            if n.isdigit() and os.path.isdir(os.path.join(target, n))
+        ] or _as_partition_dir(target)
+    return _as_partition_dir(target)
+
+
+def _as_partition_dir(target: str) -> list[tuple[str, int, str | None]]:
+    name = os.path.basename(os.path.normpath(target))
+    if not name.isdigit():
+        return []
+    control = os.path.join(os.path.dirname(os.path.abspath(target)), CONTROL_FILE_NAME)
+    return [(target, int(name), control if os.path.isfile(control) else None)]
+
+
+def local_low_water_mark(control_path: str | None, partition_id: int) -> int:
+    """The newest valid struct's local low-water mark, as the node reads it; -1 if none."""
+    if control_path is None:
+        return NO_TRANSACTION
+    try:
+        report = read_control_file(control_path)
+    except OSError:
+        return NO_TRANSACTION
+    if not report.header_ok or partition_id >= len(report.partitions):
+        return NO_TRANSACTION
+    valid = [s for s in report.partitions[partition_id]["slots"] if s is not None]
+    if not valid:
+        return NO_TRANSACTION
+    # The higher sequence wins; on a tie slot 1 (the later in the list), as read_partition.
+    return max(reversed(valid), key=lambda s: s["sequence"])["local_low_water_mark"]
+
+
+def verify_partition(
+    directory: str,
+    partition_id: int,
+    control_path: str | None,
+    max_torn_bytes: int = DEFAULT_MAX_TORN_BYTES,
+) -> PartitionReport:
+    """Would a node open this partition? The same scan and decision as on open, read-only."""
+    floor = local_low_water_mark(control_path, partition_id)
+    scan = scan_partition(directory, partition_id, None, max_torn_bytes=max_torn_bytes)
+    reason = refusal(scan, floor)
+    return PartitionReport(directory, partition_id, scan.end, floor, [reason] if reason else [])
 
 
 def segment_paths(target: str) -> list[str]:
@@ -149,20 +228,19 @@ def read_records(
     _, _, _, _, first = decode_header(data[:SEGMENT_HEADER_BYTES], path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        for txid, offset, length, problem in _scan(fd, SEGMENT_HEADER_BYTES, len(data), first):
-            if problem is not None:
-                out.append((offset, None, problem))
-                break
-            if from_txid is not None and txid < from_txid:
-                continue
-            _, c, g, p, s, header, n, _ = RECORD_HEAD.unpack_from(data, offset)
-            body = data[offset + RECORD_HEAD_BYTES : offset + RECORD_HEAD_BYTES + n]
-            out.append((offset, Record(txid, ReqId(c, g, p, s), header, body), None))
-            assert length == n + RECORD_OVERHEAD
-            if count is not None and len(out) >= count:
-                break
+        offsets, end, problem = scan_records(fd, SEGMENT_HEADER_BYTES, len(data), first)
     finally:
         os.close(fd)
+    start = 0 if from_txid is None else max(0, from_txid - first)
+    for i in range(start, len(offsets)):
+        if count is not None and len(out) >= count:
+            return out
+        offset = offsets[i]
+        _, c, g, p, s, header, n, _ = RECORD_HEAD.unpack_from(data, offset)
+        body = data[offset + RECORD_HEAD_BYTES : offset + RECORD_HEAD_BYTES + n]
+        out.append((offset, Record(first + i, ReqId(c, g, p, s), header, body), None))
+    if problem is not None and (count is None or len(out) < count):
+        out.append((end, None, problem))
     return out
 
 

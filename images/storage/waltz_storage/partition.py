@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import uuid
 
 from waltz_client.wire.records import RecordBatch, RecordHeader
 
-from .control_file import fsync_directory
-from .errors import CorruptSegment, NonContiguousAppend, TransactionNotFound, TruncateRefused
-from .segment import Segment, wire_to_disk
+from .control_file import NO_TRANSACTION, fsync_directory
+from .errors import NonContiguousAppend, PartitionRefused, TransactionNotFound, TruncateRefused
+from .recovery import refusal, scan_partition
+from .segment import Segment, segment_stem, wire_to_disk
 
 log = logging.getLogger(__name__)
 
-_SEGMENT_NAME = re.compile(r"^(\d{19})\.seg$")
 DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
 # One write group with the default limits (8 MiB group + one 64 MiB frame, x 10/9 on disk).
 DEFAULT_MAX_TORN_BYTES = 80 * 1024 * 1024
@@ -47,31 +46,35 @@ class PartitionLog:
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         max_torn_bytes: int = DEFAULT_MAX_TORN_BYTES,
+        floor: int = NO_TRANSACTION,
     ) -> PartitionLog:
-        """Open (creating if new) and recover the partition in ``directory``."""
+        """Open (creating if new) and recover the partition in ``directory``.
+
+        ``floor`` is the local low-water mark: this replica acknowledged everything up
+        to it as committed. Files that hold less, or are corrupt, raise PartitionRefused
+        and are left exactly as they are (see ``recovery``).
+        """
         if not os.path.isdir(directory):
             os.makedirs(directory)
             fsync_directory(os.path.dirname(os.path.abspath(directory)))
-        firsts = sorted(
-            int(m.group(1)) for name in os.listdir(directory) if (m := _SEGMENT_NAME.match(name))
-        )
+        scan = scan_partition(directory, partition_id, cluster_key, max_torn_bytes=max_torn_bytes)
+        reason = refusal(scan, floor)
+        if reason is not None:
+            raise PartitionRefused(reason, recovered_end=scan.end, floor=floor)
         segments: list[Segment] = []
         try:
-            for i, first in enumerate(firsts):
-                seg = Segment.open(
-                    directory,
+            for found in scan.segments:
+                segments.append(Segment.from_scan(directory, partition_id, cluster_key, found))
+            if scan.torn_creation is not None:
+                log.warning(
+                    "partition %d: %s.seg is shorter than its header (an interrupted "
+                    "creation); recreating it",
                     partition_id,
-                    cluster_key,
-                    first,
-                    is_last=i == len(firsts) - 1,
-                    max_torn_bytes=max_torn_bytes,
+                    segment_stem(scan.torn_creation),
                 )
-                if segments and segments[-1].last_txid + 1 != first:
-                    raise CorruptSegment(
-                        f"partition {partition_id}: {segments[-1]} ends at transaction "
-                        f"{segments[-1].last_txid} but the next segment starts at {first}"
-                    )
-                segments.append(seg)
+                segments.append(
+                    Segment.create(directory, partition_id, cluster_key, scan.torn_creation)
+                )
             if not segments:
                 segments.append(Segment.create(directory, partition_id, cluster_key, 0))
         except BaseException:

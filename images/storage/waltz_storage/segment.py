@@ -13,8 +13,9 @@ A record in the ``.seg`` file::
 The ``.idx`` file holds one i64 record offset per transaction after its
 header. Records are fsync'd before an append is acknowledged; index entries
 are written after each data fsync and fsync'd every ``INDEX_CHECKPOINT``
-entries, so on open only the entries before the last checkpoint are trusted
-and the rest are rebuilt by scanning the records.
+entries. On open every record is checked (``scan_records``) and the index
+only serves as evidence of which records were synced; ``recovery.py`` makes
+the decisions, ``Segment.from_scan`` applies them.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ import time
 import uuid
 import zlib
 from array import array
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch
 
 from .control_file import fsync_directory
 from .errors import CorruptSegment, TransactionNotFound
+
+if TYPE_CHECKING:
+    from .recovery import Damage, SegmentScan
 
 log = logging.getLogger(__name__)
 
@@ -222,151 +226,77 @@ class Segment:
         )
 
     @classmethod
-    def open(
-        cls,
-        directory: str,
-        partition_id: int,
-        cluster_key: uuid.UUID,
-        first_txid: int,
-        *,
-        is_last: bool,
-        max_torn_bytes: int,
+    def from_scan(
+        cls, directory: str, partition_id: int, cluster_key: uuid.UUID, scan: SegmentScan
     ) -> Segment:
-        """Open and recover a segment.
+        """Open a segment that recovery has scanned and accepted.
 
-        The index is trusted up to its last checkpoint (checked by reading the
-        record its last trusted entry points at) and rebuilt past it by
-        scanning. In the last segment, damage within ``max_torn_bytes`` of
-        the end of the file is a torn tail (the last write group, never
-        acknowledged) and is cut; damage anywhere else is corruption, and the
-        segment refuses to open.
+        A torn tail the scan found (``scan.damage``, accepted by the caller) is cut
+        and the index is made to hold exactly one entry per record, fsync'd.
         """
-        stem = os.path.join(directory, segment_stem(first_txid))
-        data_path = stem + ".seg"
-        data_fd = os.open(data_path, os.O_RDWR)
+        stem = os.path.join(directory, segment_stem(scan.first_txid))
+        data_fd = os.open(stem + ".seg", os.O_RDWR)
         try:
-            header = os.pread(data_fd, HEADER_BYTES, 0)
-            size = os.fstat(data_fd).st_size
-            if len(header) < HEADER_BYTES and is_last:
-                # Torn creation: the header is fsync'd before any record is written.
-                log.warning(
-                    "%s: %d-byte header from an interrupted creation; recreating",
-                    data_path,
-                    len(header),
-                )
-                os.close(data_fd)
-                data_fd = -1
-                return cls.create(directory, partition_id, cluster_key, first_txid)
-            _, created, key, stored_partition, stored_first = decode_header(header, data_path)
-            if key != cluster_key:
-                raise CorruptSegment(
-                    f"{data_path}: belongs to cluster {str(key)[:8]}..., "
-                    f"not {str(cluster_key)[:8]}..."
-                )
-            if stored_partition != partition_id or stored_first != first_txid:
-                raise CorruptSegment(
-                    f"{data_path}: header says partition {stored_partition} first transaction "
-                    f"{stored_first}, file name says partition {partition_id} first {first_txid}"
-                )
-            index_fd, offsets, hints = _open_index(stem + ".idx", header, data_fd, size, first_txid)
-            segment = cls(
-                directory,
-                partition_id,
-                cluster_key,
-                first_txid,
-                data_fd,
-                index_fd,
-                offsets,
-                size,
-                created,
-            )
-            segment._recover_tail(is_last=is_last, max_torn_bytes=max_torn_bytes, hints=hints)
-            return segment
+            index_fd = os.open(stem + ".idx", os.O_RDWR | os.O_CREAT, 0o644)
         except BaseException:
-            if data_fd >= 0:
-                os.close(data_fd)
+            os.close(data_fd)
             raise
-
-    def _recover_tail(self, *, is_last: bool, max_torn_bytes: int, hints: array) -> None:
-        """Scan records after the trusted index entries; cut a torn tail or refuse corruption.
-
-        A damaged record (bad checksum, or cut short by the end of the file) is a
-        torn tail, to be cut, only when it is within ``max_torn_bytes`` of the end
-        and no index entry shows it was synced (or it is the last record, cut short).
-        ``hints`` are the index entries past the last
-        checkpoint: not durable, but an entry is written only after its record's
-        fsync, so an entry that points at the damaged record proves the record was
-        acknowledged, and damage to it is corruption.
-        """
-        trusted = len(self.offsets)
-        if trusted:
-            pos = self.offsets[-1]
-            length = RECORD_HEAD.unpack(os.pread(self._data_fd, RECORD_HEAD_BYTES, pos))[6]
-            pos += length + RECORD_OVERHEAD
-        else:
-            pos = HEADER_BYTES
-        expected = self.first_txid + trusted
-        problem = None
-        for txid, offset, record_len, problem in _scan(self._data_fd, pos, self.size, expected):
-            if problem is not None:
-                pos = offset
-                expected = txid
-                break
-            self.offsets.append(offset)
-            pos = offset + record_len
-        if problem is None:
-            if self.size != pos:  # pragma: no cover - _scan always reports a short tail
-                problem = "trailing bytes"
-            else:
-                self._rewrite_index(trusted)
-                return
-        cut = self.size - pos
-        where = (
-            f"partition {self.partition_id} segment {os.path.basename(self.data_path)}: "
-            f"{problem} at offset {pos} (transaction {expected})"
+        segment = cls(
+            directory,
+            partition_id,
+            cluster_key,
+            scan.first_txid,
+            data_fd,
+            index_fd,
+            array("q", scan.offsets),
+            scan.size,
+            scan.created_ms,
         )
-        if not is_last:
-            raise CorruptSegment(f"{where}; a segment before the last cannot have a torn tail")
-        k = expected - self.first_txid - trusted  # the damaged record's position in hints
-        synced = (
-            0 <= k < len(hints)
-            and hints[k] == pos
-            and all(hints[j] == self.offsets[trusted + j] for j in range(k))
-        )
-        cut_short = problem.startswith(("record head cut short", "record cut short"))
-        # A synced record cut short by the end of the file, with no later index entry, is
-        # still a tail (the file itself was cut); anything else synced is corruption.
-        if synced and not (cut_short and k == len(hints) - 1):
-            raise CorruptSegment(
-                f"{where}: the index shows this record was synced (acknowledged), so this is "
-                f"corruption, not a torn write; refusing to open (inspect with "
-                f"`waltz storage verify`)"
-            )
-        if cut > max_torn_bytes:
-            raise CorruptSegment(
-                f"{where} with {cut} bytes after it, more than one write group "
-                f"({max_torn_bytes} bytes) could leave unsynced: this is corruption, not a torn "
-                f"write; refusing to open (inspect with `waltz storage verify`)"
-            )
+        try:
+            if scan.damage is not None:
+                segment._cut_torn_tail(scan.damage)
+            segment._rewrite_index(scan)
+        except BaseException:
+            segment.close()
+            raise
+        return segment
+
+    def _cut_torn_tail(self, damage: Damage) -> None:
         log.warning(
             "%s: cutting %d bytes of torn tail; the log now ends at transaction %d",
-            where,
-            cut,
-            expected - 1,
+            damage.where,
+            damage.cut,
+            damage.txid - 1,
         )
-        os.ftruncate(self._data_fd, pos)
+        os.ftruncate(self._data_fd, damage.offset)
         os.fsync(self._data_fd)
-        self.size = pos
-        self._rewrite_index(trusted)
+        self.size = damage.offset
 
-    def _rewrite_index(self, trusted: int) -> None:
-        """Make the .idx file hold exactly ``self.offsets``; fsync it."""
-        keep = HEADER_BYTES + 8 * trusted
-        os.ftruncate(self._index_fd, keep)
-        if len(self.offsets) > trusted:
-            entries = array("q", self.offsets[trusted:])
+    def _rewrite_index(self, scan: SegmentScan) -> None:
+        """Make the .idx file hold exactly ``self.offsets``; fsync it. Entries that already
+        match the records stay as they are."""
+        if scan.index_note is not None:
+            log.warning("%s: %s; rebuilding it from the records", self.index_path, scan.index_note)
+            os.ftruncate(self._index_fd, 0)
+            os.pwrite(self._index_fd, scan.header, 0)
+        keep = common_prefix(scan.hints, self.offsets)
+        if keep == len(self.offsets) < len(scan.hints):
+            # The last record, synced, cut off by the end of the file: recovery lets one
+            # such entry pass (like a cut short last record) and refuses more.
+            log.warning(
+                "%s: %d entries past the last record (transaction %d), whose records are "
+                "not in the file; dropping them",
+                self.index_path,
+                len(scan.hints) - keep,
+                self.last_txid,
+            )
+        elif keep < len(scan.hints):
+            log.info("%s: entries from %d on disagree with the records", self.index_path, keep)
+        os.ftruncate(self._index_fd, HEADER_BYTES + 8 * keep)
+        if len(self.offsets) > keep:
+            entries = array("q", self.offsets[keep:])
             entries.byteswap()  # big-endian on disk
-            os.pwrite(self._index_fd, entries.tobytes(), keep)
+            os.pwrite(self._index_fd, entries.tobytes(), HEADER_BYTES + 8 * keep)
         os.fsync(self._index_fd)
         self._index_written = self._index_synced = len(self.offsets)
 
@@ -421,13 +351,16 @@ class Segment:
         if keep >= len(self.offsets):
             return
         new_size = self.offsets[keep]
+        # The index first: after a crash in between, index entries past the end of the data
+        # would read as synced records gone missing, records past the index are just rescanned.
+        self._index_written = min(self._index_written, keep)
+        os.ftruncate(self._index_fd, HEADER_BYTES + 8 * self._index_written)
+        os.fsync(self._index_fd)
         os.ftruncate(self._data_fd, new_size)
         os.fsync(self._data_fd)
         del self.offsets[keep:]
         self.size = new_size
         self._dirty = False
-        self._index_written = min(self._index_written, keep)
-        os.ftruncate(self._index_fd, HEADER_BYTES + 8 * self._index_written)
         self.sync()  # rewrites any entries that were not yet in the file
         os.fsync(self._index_fd)
         self._index_synced = len(self.offsets)
@@ -468,84 +401,84 @@ class Segment:
         self._data_fd = self._index_fd = -1
 
 
-def _open_index(
-    path: str, data_header: bytes, data_fd: int, data_size: int, first_txid: int
-) -> tuple[int, array, array]:
-    """Open (or recreate) the .idx file.
+def common_prefix(a: array, b: array) -> int:
+    """How many leading entries ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
-    Returns its fd, the trusted offsets (up to the last checkpoint, checked against
-    the record the last one points at) and the entries after them, as hints.
-    """
+
+def read_index(path: str, data_header: bytes) -> tuple[array, str | None]:
+    """The whole entries of a .idx file (read-only), or none and why (missing, other header)."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
-        log.warning("%s: missing; rebuilding the index from the records", path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        header = os.pread(fd, HEADER_BYTES, 0)
-        if header != data_header:
-            if header:
-                log.warning("%s: header does not match its data file; rebuilding", path)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data_header, 0)
-            os.fsync(fd)
-            return fd, array("q"), array("q")
-        entries = (os.fstat(fd).st_size - HEADER_BYTES) // 8
-        trusted = entries // INDEX_CHECKPOINT * INDEX_CHECKPOINT
-        every = array("q")
-        every.frombytes(os.pread(fd, 8 * entries, HEADER_BYTES))
-        every.byteswap()
-        offsets = every[:trusted]
-        if trusted and not _index_entry_valid(data_fd, data_size, offsets, first_txid):
-            log.warning("%s: checkpointed entries do not match the records; rebuilding", path)
-            return fd, array("q"), every
-        return fd, offsets, every[trusted:]
-    except BaseException:
-        os.close(fd)
-        raise
+        return array("q"), "missing"
+    if data[:HEADER_BYTES] != data_header:
+        return array("q"), "header does not match its data file"
+    entries = array("q")
+    entries.frombytes(data[HEADER_BYTES : HEADER_BYTES + (len(data) - HEADER_BYTES) // 8 * 8])
+    entries.byteswap()
+    return entries, None
 
 
-def _index_entry_valid(data_fd: int, data_size: int, offsets: array, first_txid: int) -> bool:
-    """Does the last trusted entry point at a whole, valid record of the right transaction?"""
-    pos = offsets[-1]
-    if not HEADER_BYTES <= pos <= data_size - RECORD_OVERHEAD:
-        return False
-    if any(offsets[k] >= offsets[k + 1] for k in range(len(offsets) - 1)):
-        return False
-    head = os.pread(data_fd, RECORD_HEAD_BYTES, pos)
-    length = RECORD_HEAD.unpack(head)[6]
-    if length < 0 or pos + RECORD_OVERHEAD + length > data_size:
-        return False
-    record = os.pread(data_fd, RECORD_OVERHEAD + length, pos)
-    return check_record(record, 0, first_txid + len(offsets) - 1) is None
+def _cut_short(length: int, follow: int) -> str:
+    return f"record cut short (head says {length} data bytes, {follow} follow)"
 
 
-def _scan(
-    fd: int, pos: int, size: int, expected_txid: int
-) -> Iterator[tuple[int, int, int, str | None]]:
-    """Walk records from ``pos``: yields (txid, offset, length, None) per valid record,
-    then (expected txid, offset, 0, problem) at the first bad one, if any."""
-    buf = b""
-    buf_start = pos  # file offset of buf[0]
+def scan_records(fd: int, pos: int, size: int, expected_txid: int) -> tuple[array, int, str | None]:
+    """Check every record from ``pos``: (their offsets, where the valid records stop, and
+    why they stop there: ``check_record``'s problem, or None at the end of the file).
+
+    Reads ``SCAN_CHUNK_BYTES`` at a time; a record larger than that is read whole.
+    """
+    offsets = array("q")
+    crc32 = zlib.crc32
+    head = RECORD_HEAD.unpack_from
+    crc_at = _CRC.unpack_from
     while pos < size:
-        rel = pos - buf_start
-        need = RECORD_HEAD_BYTES
-        if len(buf) - rel >= RECORD_HEAD_BYTES:
-            length = RECORD_HEAD.unpack_from(buf, rel)[6]
-            if length >= 0:
-                need = RECORD_OVERHEAD + length
-        if len(buf) - rel < need and buf_start + len(buf) < size:
-            # Refill: keep the unread part, read at least enough for this record.
-            buf = buf[rel:] + os.pread(fd, max(SCAN_CHUNK_BYTES, need), buf_start + len(buf))
-            buf_start = pos
+        buf = os.pread(fd, min(SCAN_CHUNK_BYTES, size - pos), pos)
+        n = len(buf)
+        mv = memoryview(buf)
+        rel = 0
+        while n - rel >= RECORD_HEAD_BYTES:
+            txid, _, _, _, _, _, length, data_crc = head(buf, rel)
+            data = rel + RECORD_HEAD_BYTES
+            end = data + length
+            if length < 0 or end + 4 > n:
+                break
+            if (
+                txid != expected_txid
+                or crc32(mv[rel:data]) != crc_at(buf, end)[0]
+                or crc32(mv[data:end]) != data_crc
+            ):
+                return offsets, pos + rel, check_record(mv[: end + 4], rel, expected_txid)
+            offsets.append(pos + rel)
+            expected_txid += 1
+            rel = end + 4
+        if rel:
+            pos += rel
             continue
-        problem = check_record(
-            memoryview(buf)[: rel + need] if len(buf) - rel >= need else buf, rel, expected_txid
-        )
+        # The record at pos does not fit in the chunk: read it whole, or find it cut short.
+        head_bytes = buf if n >= RECORD_HEAD_BYTES else os.pread(fd, RECORD_HEAD_BYTES, pos)
+        if len(head_bytes) < RECORD_HEAD_BYTES:
+            return offsets, pos, check_record(head_bytes, 0, expected_txid)
+        length = head(head_bytes, 0)[6]
+        if length < 0 or pos + RECORD_OVERHEAD + length > size:
+            return offsets, pos, _cut_short(length, size - pos - RECORD_HEAD_BYTES)
+        problem = check_record(os.pread(fd, RECORD_OVERHEAD + length, pos), 0, expected_txid)
         if problem is not None:
-            yield expected_txid, pos, 0, problem
-            return
-        length = RECORD_HEAD.unpack_from(buf, rel)[6]
-        yield expected_txid, pos, RECORD_OVERHEAD + length, None
-        pos += RECORD_OVERHEAD + length
+            return offsets, pos, problem
+        offsets.append(pos)
         expected_txid += 1
+        pos += RECORD_OVERHEAD + length
+    return offsets, pos, None

@@ -39,17 +39,25 @@ from waltz_client.wire.storage_messages import (
     TruncateRequest,
 )
 
-from .control_file import CONTROL_FILE_NAME, ControlFile, PartitionInfo
+from .control_file import (
+    CONTROL_FILE_NAME,
+    NO_SESSION,
+    NO_TRANSACTION,
+    ControlFile,
+    PartitionInfo,
+)
 from .errors import (
     ControlFileError,
     CorruptSegment,
     NonContiguousAppend,
+    PartitionRefused,
     StorageEngineError,
     TransactionNotFound,
     TruncateRefused,
 )
 from .metrics import StorageMetrics
 from .partition import DEFAULT_MAX_TORN_BYTES, DEFAULT_SEGMENT_BYTES, PartitionLog
+from .recovery import repair_hint
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +88,7 @@ class PartitionService:
         log_: PartitionLog | None = None,
         info: PartitionInfo | None = None,
         unavailable: str | None = None,
+        recovered_end: int = -1,
     ) -> None:
         self.partition_id = partition_id
         self._control = control
@@ -89,6 +98,7 @@ class PartitionService:
         self.info = info or PartitionInfo()
         self.unavailable = unavailable  # why the partition serves nothing, or None
         self.failed_after_open = False  # an fsync failed: a restart recovers
+        self._recovered_end = recovered_end  # a refused partition: where its intact log ends
         self._label = str(partition_id)
         self._lock = threading.Lock()  # guards snapshot() against a concurrent process()
 
@@ -96,7 +106,7 @@ class PartitionService:
         with self._lock:
             log_ = self.log
             return {
-                "max_transaction_id": log_.max_txid if log_ else -1,
+                "max_transaction_id": log_.max_txid if log_ else self._recovered_end,
                 "low_water_mark": self.info.low_water_mark,
                 "local_low_water_mark": self.info.local_low_water_mark,
                 "session_id": self.info.fence_session_id,
@@ -191,7 +201,11 @@ class PartitionService:
         except TruncateRefused as e:
             return self._failure(request, StorageError.TRUNCATE_REFUSED, str(e))
         except CorruptSegment as e:
-            log.error("partition %d: %s", self.partition_id, e)
+            # Damage found by a read (it appeared since the open checked every record):
+            # this replica can no longer serve what it acknowledged.
+            assert self.log is not None
+            self.unavailable = f"{e}; reads fail. {repair_hint(self.log.directory)}"
+            log.error("partition %d: %s", self.partition_id, self.unavailable)
             return self._failure(request, StorageError.IO_ERROR, str(e))
         except OSError as e:
             # A failed write or fsync leaves the files and our view of them in doubt.
@@ -290,6 +304,42 @@ class PartitionService:
                 self.log = None
 
 
+def holds_state(info: PartitionInfo) -> bool:
+    """Did a store session set this partition's low-water marks on this node?"""
+    return (info.session_id, info.low_water_mark, info.local_low_water_mark) != (
+        NO_SESSION,
+        NO_TRANSACTION,
+        NO_TRANSACTION,
+    )
+
+
+def _forget_state(
+    control: ControlFile, partition_id: int, info: PartitionInfo, path: str
+) -> PartitionInfo:
+    """The partition's directory is gone (the repair: moved aside or removed): start it
+    empty as a new replica. No session and no marks make it one the server's recovery
+    trusts with nothing (it copies the log back); the fence session stays, so older
+    sessions are still refused."""
+    log.warning(
+        "partition %d: %s does not exist but the control file records session %d with "
+        "local low-water mark %d: starting it empty, as a new replica (the server's recovery "
+        "copies the log back)",
+        partition_id,
+        path,
+        info.session_id,
+        info.local_low_water_mark,
+    )
+    return control.write_partition(
+        partition_id,
+        replace(
+            info,
+            session_id=NO_SESSION,
+            low_water_mark=NO_TRANSACTION,
+            local_low_water_mark=NO_TRANSACTION,
+        ),
+    )
+
+
 class StorageNode:
     """The control file and the partitions held by one storage node."""
 
@@ -385,18 +435,36 @@ class StorageNode:
         settings: EngineSettings,
         metrics: StorageMetrics,
     ) -> PartitionService:
+        path = os.path.join(directory, str(partition_id))
+        info = PartitionInfo()
         try:
             info = control.read_partition(partition_id)
+            if not os.path.isdir(path) and holds_state(info):
+                info = _forget_state(control, partition_id, info, path)
             plog = PartitionLog.open(
-                os.path.join(directory, str(partition_id)),
+                path,
                 partition_id,
                 control.cluster_key,
                 segment_bytes=settings.segment_bytes,
                 max_torn_bytes=settings.max_torn_bytes,
+                floor=info.local_low_water_mark,
+            )
+        except PartitionRefused as e:
+            log.error("partition %d refuses to open: %s", partition_id, e)
+            return PartitionService(
+                partition_id,
+                control,
+                settings,
+                metrics,
+                info=info,
+                unavailable=str(e),
+                recovered_end=e.recovered_end,
             )
         except (StorageEngineError, OSError) as e:
             log.error("partition %d refuses to open: %s", partition_id, e)
-            return PartitionService(partition_id, control, settings, metrics, unavailable=str(e))
+            return PartitionService(
+                partition_id, control, settings, metrics, info=info, unavailable=str(e)
+            )
         log.info(
             "partition %d open: transactions %d..%d, session %d, low-water mark %d",
             partition_id,
