@@ -60,24 +60,33 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _free_port() -> int:
-    """A free port below the kernel's ephemeral range: the ports are kept across restarts
-    (the replica assignment names storage nodes by host:port), and a port from the
-    ephemeral range may meanwhile become some outgoing connection's source port."""
+def _free_port(taken: set[int]) -> int:
+    """A free port below the kernel's ephemeral range, not in ``taken`` (which it joins):
+    the ports are kept across restarts (the replica assignment names storage nodes by
+    host:port), and a port from the ephemeral range may meanwhile become some outgoing
+    connection's source port. ``taken``: ports already picked for this cluster (each is
+    free again once picked, so a second pick could return it)."""
     low, _ = _ephemeral_range()
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randrange(max(1024, low - 12000), max(1025, low - 1))
+        if port in taken:
+            continue
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((HOST, port))
             except OSError:
                 continue
+            taken.add(port)
             return port
-    with socket.socket() as s:  # no luck below the range: any free port
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    while True:  # no luck below the range: any free port
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
 
 
 class LocalCluster:
@@ -145,13 +154,14 @@ class LocalCluster:
             return layout
         if not 1 <= replicas <= storages:
             raise LocalClusterError(f"{replicas} replicas need 1..{storages} storage nodes")
+        taken: set[int] = set()
         layout = LocalLayout(
             name,
             root,
             partitions,
             replicas,
-            _free_port(),
-            [(_free_port(), _free_port()) for _ in range(storages)],
+            _free_port(taken),
+            [(_free_port(taken), _free_port(taken)) for _ in range(storages)],
         )
         os.makedirs(self.data_dir, exist_ok=True)
         with open(path, "w") as f:
@@ -163,8 +173,11 @@ class LocalCluster:
         if servers < 0:
             raise LocalClusterError(f"servers must be >= 0, got {servers}")
         if len(self.layout.server_ports) < servers:
+            taken = {self.layout.zookeeper_port}
+            taken.update(p for pair in self.layout.storage_ports for p in pair)
+            taken.update(p for pair in self.layout.server_ports for p in pair)
             while len(self.layout.server_ports) < servers:
-                self.layout.server_ports.append((_free_port(), _free_port()))
+                self.layout.server_ports.append((_free_port(taken), _free_port(taken)))
             with open(os.path.join(self.data_dir, STATE_FILE), "w") as f:
                 json.dump(asdict(self.layout), f, indent=2)
 
