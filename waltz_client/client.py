@@ -520,8 +520,7 @@ class WaltzClient:
         self._submissions.discard(sub)
         if not sub.result.done():
             sub.result.set_result(result)
-            with contextlib.suppress(Exception):
-                sub.context.on_completion(result.committed)
+            _hook(sub.context, "on_completion", result.committed)
 
     async def _run(self, sub: _Submission, state: _Partition) -> None:
         limit = sub.context.max_retries
@@ -535,8 +534,7 @@ class WaltzClient:
             try:
                 outcome = await self._attempt(sub, state)
             except Exception as e:  # execute() raised
-                with contextlib.suppress(Exception):
-                    sub.context.on_exception(e)
+                _hook(sub.context, "on_exception", e)
                 self._finish(
                     sub,
                     SubmitResult(
@@ -556,8 +554,7 @@ class WaltzClient:
                 return
             if outcome.outcome == Outcome.LOCK_FAILED:
                 reason = f"lock failure against transaction {outcome.transaction_id}"
-                with contextlib.suppress(Exception):
-                    sub.context.on_lock_failure(outcome.transaction_id)
+                _hook(sub.context, "on_lock_failure", outcome.transaction_id)
                 await self._applied_at_least(state, outcome.transaction_id)
             else:
                 reason = "the append was lost (server or connection failure)"
@@ -732,3 +729,12 @@ class WaltzClient:
             for record in records:
                 yield record
             next_txid = records[-1].transaction_id + 1
+
+
+def _hook(context: TransactionContext, name: str, *args: Any) -> None:
+    """Call an application's notification hook; its failure is logged, never raised (the
+    submission's result stands)."""
+    try:
+        getattr(context, name)(*args)
+    except Exception:
+        log.exception("%s.%s raised", type(context).__name__, name)

@@ -368,3 +368,19 @@ def test_concurrent_data_calls_fetch_once() -> None:
 
     assert asyncio.run(main()) == [b"payload", b"payload"]
     assert f.async_calls == 1
+
+
+def test_a_failing_notification_hook_is_logged_not_raised(caplog) -> None:
+    from waltz_client.client import _hook
+
+    class Noisy(TransactionContext):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            return True
+
+        def on_completion(self, committed: bool) -> None:
+            raise ValueError("the application's bug")
+
+    with caplog.at_level("ERROR", logger="waltz_client.client"):
+        _hook(Noisy(), "on_completion", True)
+    assert "Noisy.on_completion raised" in caplog.text
+    assert "ValueError: the application's bug" in caplog.text

@@ -49,6 +49,8 @@ DEFAULTS = {
     "max_in_flight": 16,
     "checkpoint_interval": 1_000_000,
     "storage_timeout": 5.0,
+    "catch_up_inline_records": 5_000,
+    "catch_up_rate": 128 * MiB,
     "client_write_buffer_bytes": 4 * MiB,
     "max_frame_bytes": 64 * MiB,
     "max_data_bytes": 16 * MiB,

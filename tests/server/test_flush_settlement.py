@@ -1,41 +1,40 @@
 """A Flush settles appends only on the client's current mount.
 
-The server rebuilds a partition's object when its replica set changes (also on a
-ZooKeeper session loss, or ownership going away and coming back) while client
-connections stay open. The rebuilt object's recovery may commit appends the old object
-had in flight. A Flush the rebuilt object answered outside a mount would tell the client
-those appends were lost, and the client would send them again: a transaction committed
-twice. The server now refuses such a Flush (NOT_MOUNTED); the client mounts again and
-the Mount's answer settles them.
+The server rebuilds a partition's object when it loses its ZooKeeper session (or
+ownership goes away and comes back) while client connections stay open. The rebuilt
+object's recovery may commit appends the old object had in flight. A Flush the rebuilt
+object answered outside a mount would tell the client those appends were lost, and the
+client would send them again: a transaction committed twice. The server now refuses
+such a Flush (NOT_MOUNTED); the client mounts again and the Mount's answer settles them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 from conftest import PartitionClient, wait_for
 
-from waltz_client.cluster.admin import add_storage
-from waltz_client.cluster.zk import close, connect
 from waltz_client.wire.client_messages import ErrorCode, ErrorResponse, FlushRequest, FlushResponse
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _unused_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
-def _add_replica(cluster, partition: int) -> None:
-    zk = connect(cluster.zookeeper_connect)
-    try:
-        add_storage(zk, cluster.layout.root, _unused_address(), partitions={partition})
-    finally:
-        close(zk)
+async def _flush_at_the_new_partition_object(client: PartitionClient) -> asyncio.Future:
+    """Send a Flush on the old connection until the rebuilt partition object queues it
+    (before it exists the server answers NOT_OWNER)."""
+    while True:
+        assert client.conn is not None
+        q = client.req_id()
+        answer = client._expect(q)
+        client.conn.send(FlushRequest(q))
+        try:
+            response = await asyncio.wait_for(asyncio.shield(answer), 2.0)
+        except TimeoutError:
+            return answer  # queued: the partition is recovering
+        if not (isinstance(response, ErrorResponse) and response.code == ErrorCode.NOT_OWNER):
+            return answer
+        await asyncio.sleep(0.2)
 
 
 def test_a_flush_to_a_rebuilt_partition_never_makes_a_client_append_twice(make_cluster):
@@ -55,16 +54,16 @@ def test_a_flush_to_a_rebuilt_partition_never_makes_a_client_append_twice(make_c
             original = client.append(b"transfer")
             await asyncio.sleep(1.0)  # the owner has handed it to its store session
             assert original not in client.committed()
-            # The replica set changes: the server rebuilds the partition object while
-            # this connection stays open, and suspends the old object's feeds.
-            await asyncio.to_thread(_add_replica, cluster, 0)
+            # The owner loses its ZooKeeper session (paused past the session timeout):
+            # it stops the partition, registers again, and serves it with a new partition
+            # object, while this connection stays open.
+            cluster.servers[0].pause()
+            await asyncio.sleep(8.0)
+            cluster.servers[0].resume()
             await asyncio.to_thread(
                 wait_for, lambda: client.suspended, 60, "the old partition object's feed to end"
             )
-            assert client.conn is not None
-            q = client.req_id()
-            answer = client._expect(q)
-            client.conn.send(FlushRequest(q))  # queued in the rebuilt object
+            answer = await _flush_at_the_new_partition_object(client)
         finally:
             cluster.storages[1].resume()
             cluster.storages[2].resume()

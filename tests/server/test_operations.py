@@ -208,3 +208,14 @@ def test_malformed_frames_are_counted(make_cluster):
         assert bad.recv(100) == b""
     _, text = http_get(cluster, "/metrics")
     assert 'waltz_server_client_errors_total{kind="malformed"} 1.0' in text
+
+
+def test_a_clean_shutdown_is_not_reported_as_a_lost_zookeeper_session(make_cluster):
+    cluster = make_cluster()
+    asyncio.run(_append_without_waiting(cluster))
+    cluster.stop()  # SIGTERM
+    with open(cluster.servers[0].log_path) as f:
+        log = f.read()
+    assert "ZooKeeper session closed" in log
+    assert "ZooKeeper session lost" not in log
+    assert " ERROR " not in log, log

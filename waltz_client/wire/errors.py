@@ -30,3 +30,14 @@ class ChecksumMismatch(MalformedMessage):
 
 class HandshakeError(ProtocolError):
     """The connection preamble is wrong (magic, service or protocol version)."""
+
+
+def describe(error: BaseException) -> str:
+    """An error as a log message can show it: some (a timeout, a bare ConnectionError)
+    have no text of their own, and an empty reason after a colon helps nobody."""
+    text = str(error)
+    if text:
+        return text
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return type(error).__name__

@@ -160,20 +160,22 @@ class StorageClient:
 
     def submit(self, request: StorageMessage) -> asyncio.Future[StorageMessage]:
         """Send ``request`` now; the future resolves with its response (Failure included)."""
-        if self._closed is not None:
-            raise StorageConnectionClosed(f"storage connection is closed: {self._closed}")
-        future = asyncio.get_running_loop().create_future()
-        self._pending[request.seq] = future
-        self._writer.write(request.encode())
-        return future
+        return self.submit_frame(request.seq, request.encode())
 
     def submit_frame(self, seq: int, frame: bytes) -> asyncio.Future[StorageMessage]:
-        """Send a frame encoded by the caller (benchmarks reuse buffers); ``seq`` must be in it."""
-        if self._closed is not None:
+        """Send a frame encoded by the caller (benchmarks reuse buffers); ``seq`` must be in it.
+        Raises StorageConnectionClosed (a ConnectionError) if the connection is gone."""
+        if self._closed is not None or self._writer.is_closing():
             raise StorageConnectionClosed(f"storage connection is closed: {self._closed}")
+        try:
+            self._writer.write(frame)
+        except RuntimeError as e:  # uvloop: "unable to perform operation on <... closed=True>"
+            raise StorageConnectionClosed(f"storage connection is closed: {e}") from e
         future = asyncio.get_running_loop().create_future()
+        # A request whose caller gave up (a timeout, a session that ended) still fails when
+        # the connection closes: retrieve that, or asyncio logs it as never retrieved.
+        future.add_done_callback(_retrieve)
         self._pending[seq] = future
-        self._writer.write(frame)
         return future
 
     async def call(self, request: StorageMessage) -> StorageMessage:
@@ -260,3 +262,8 @@ class StorageClient:
         )
         assert isinstance(r, RecordListResponse)
         return r.records
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -93,6 +93,18 @@ SETTINGS = (
         "seconds to wait for a storage node to connect and answer during recovery",
     ),
     Setting(
+        "catch_up_inline_records",
+        int_in(0, 2**31 - 1),
+        5_000,
+        "a replica further behind than this is copied in the background, not in recovery",
+    ),
+    Setting(
+        "catch_up_rate",
+        size_at_least(0),
+        "128MiB",
+        "bytes a second a background copy of a lagging replica may write (0: no limit)",
+    ),
+    Setting(
         "client_write_buffer_bytes",
         size_at_least(4096),
         "4MiB",
@@ -131,6 +143,8 @@ class ServerConfig:
     max_in_flight: int
     checkpoint_interval: int
     storage_timeout: float
+    catch_up_inline_records: int
+    catch_up_rate: int
     client_write_buffer_bytes: int
     max_frame_bytes: int
     max_data_bytes: int

@@ -33,7 +33,7 @@ from waltz_client.wire.client_messages import (
     TransactionDataResponse,
     decode_client_request,
 )
-from waltz_client.wire.errors import ProtocolError
+from waltz_client.wire.errors import ProtocolError, describe
 from waltz_client.wire.framing import (
     HANDSHAKE_BYTES,
     FrameDecoder,
@@ -240,5 +240,7 @@ class ClientConnectionHandler(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            log.info("partition %d: %s failed: %s", q.partition_id, type(message).__name__, e)
-            self._error(q, ErrorCode.STORAGE_UNAVAILABLE, str(e))
+            log.info(
+                "partition %d: %s failed: %s", q.partition_id, type(message).__name__, describe(e)
+            )
+            self._error(q, ErrorCode.STORAGE_UNAVAILABLE, describe(e))

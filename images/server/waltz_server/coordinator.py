@@ -142,6 +142,9 @@ class ServerCoordinator:
     def _state_changed(self, state: str) -> None:
         if state == KazooState.LOST:
             self.connected = False
+            if self._stopping:  # our own close at shutdown ends the session: expected
+                log.info("ZooKeeper session closed")
+                return
             log.error("ZooKeeper session lost: stopping every partition")
             self._post(self._on_session_lost)
         elif state == KazooState.SUSPENDED:

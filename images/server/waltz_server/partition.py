@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
@@ -36,6 +36,7 @@ from waltz_client.wire.client_messages import (
     MountStatus,
     encode_feed_data,
 )
+from waltz_client.wire.errors import describe
 from waltz_client.wire.records import (
     CRC,
     RECORD_HEADER,
@@ -47,6 +48,7 @@ from waltz_client.wire.records import (
 from waltz_client.wire.storage_client import StorageClient
 
 from .caches import DataCache, FeedCache
+from .catch_up import CatchUp
 from .lock_table import LockTable
 from .recovery import OwnSession
 from .recovery_manager import RecoveryContext, Superseded, start_session
@@ -148,8 +150,9 @@ class Subscription:
                 await self.wake.wait()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as e:  # a bug: end this feed, and say so to its client
             log.exception("partition %d: feed to a client failed", p.partition_id)
+            p.end_subscription(self, f"feed failed: {describe(e)}")
 
 
 class Partition:
@@ -188,6 +191,8 @@ class Partition:
         self._mounts: dict[int, int] = {}  # client ID -> newest connection seq mounted
         self.subscriptions: set[Subscription] = set()
         self._tasks: list[asyncio.Task] = []
+        self._catch_ups: dict[str, CatchUp] = {}  # lagging replicas copied in the background
+        self._boundary: asyncio.Future[str] | None = None  # a planned session end, and why
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -208,6 +213,7 @@ class Partition:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._stop_catch_ups()
         if self.session is not None:
             await self.session.close(reason)
         for sub in list(self.subscriptions):
@@ -248,10 +254,9 @@ class Partition:
             while True:
                 self.state = State.RECOVERING
                 self._active.clear()
+                context = self.context
                 try:
-                    session = await start_session(
-                        self.context, self._committed, self._report, self._own
-                    )
+                    session = await start_session(context, self._committed, self._report, self._own)
                 except Superseded:
                     raise
                 except Exception as e:  # a bug: say so, and try again rather than hang
@@ -260,7 +265,8 @@ class Partition:
                     await asyncio.sleep(self.context.retry_delay)
                     continue
                 self._open(session)
-                reason = await self._watch(session)
+                reason = await self._watch(session, context)
+                self._stop_catch_ups()
                 self.state = State.RECOVERING
                 self._active.clear()
                 self._own = OwnSession(session.session_id, self.high_water_mark)
@@ -288,24 +294,71 @@ class Partition:
         self._active.set()
         self._resolve_barriers()
         self._wake_feeds()
+        for address, position in sorted(session.lagging.items()):
+            self._catch_ups[address] = CatchUp(
+                partition_id=self.partition_id,
+                session_id=session.session_id,
+                address=address,
+                position=position,
+                source=lambda s=session: _source(s),
+                committed=lambda: self.high_water_mark,
+                on_caught_up=lambda a: self.end_session(f"replica {a} caught up"),
+                cluster_key=self.context.cluster_key,
+                num_partitions=self.context.num_partitions,
+                timeout=self.context.connect_timeout,
+                settings=self.context.catch_up,
+            )
 
-    async def _watch(self, session: StoreSession) -> str:
+    def _stop_catch_ups(self) -> None:
+        for catch_up in self._catch_ups.values():
+            catch_up.cancel()
+        self._catch_ups.clear()
+
+    def end_session(self, reason: str) -> None:
+        """End the running store session at a planned boundary (what is in flight commits
+        first); the next recovery runs with the current context."""
+        if self._boundary is not None and not self._boundary.done():
+            self._boundary.set_result(reason)
+
+    def change_replicas(self, replicas: tuple[str, ...]) -> None:
+        """The partition's replica set changed: the next session uses the new one. The
+        partition object, its feeds and mounts stay."""
+        self.context = replace(self.context, replicas=replicas)
+        self.end_session("the replica set changed")
+
+    async def _watch(self, session: StoreSession, context: RecoveryContext) -> str:
         """Wait until the session must end; the reason. A planned end (the checkpoint
-        interval, a replica back) first lets what is in flight commit."""
-        reason = await self._until_end(session)
+        interval, a replica back or caught up, a new replica set) first lets what is in
+        flight commit."""
+        reason = await self._until_end(session, context)
         if not session.ended.done():
             self._active.clear()  # the append task holds new appends for the next session
             await session.drain(self.context.connect_timeout)
         return reason
 
-    async def _until_end(self, session: StoreSession) -> str:
-        missing = [a for a in self.context.replicas if a not in session.members]
+    async def _until_end(self, session: StoreSession, context: RecoveryContext) -> str:
+        self._boundary = asyncio.get_running_loop().create_future()
+        if self.context.replicas != context.replicas:
+            return "the replica set changed"  # while this session recovered
         for address in session.members:
             self._rejoin_attempts.pop(address, None)
         while True:
-            done, _ = await asyncio.wait({session.ended}, timeout=self.settings.probe_interval)
-            if done:
+            await asyncio.wait(
+                {session.ended, self._boundary},
+                timeout=self.settings.probe_interval,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if session.ended.done():
                 return str(session.ended.exception())
+            if self._boundary.done():
+                return self._boundary.result()
+            # Not members, and not being copied now (a copy that failed is tried again).
+            missing = [
+                a
+                for a in self.context.replicas
+                if a not in session.members
+                and (a not in self._catch_ups or self._catch_ups[a].task.done())
+            ]
             session.check_stragglers(time.perf_counter(), self.context.connect_timeout)
             if session.ended.done():
                 return str(session.ended.exception())
@@ -504,6 +557,16 @@ class Partition:
         sub.task.cancel()
         self.subscriptions.discard(sub)
 
+    def end_subscription(self, sub: Subscription, reason: str) -> None:
+        """A feed that cannot go on: unregister it (flushes stop being routed to it) and
+        tell the client, who mounts again."""
+        self.subscriptions.discard(sub)
+        if not sub.connection.closed:
+            try:
+                sub.connection.send(FeedSuspended(sub.req_id, reason).encode())
+            except Exception as e:  # the connection is going away as well
+                log.info("partition %d: could not suspend a feed: %s", self.partition_id, e)
+
     def disconnect(self, connection: ClientConnection) -> None:
         for sub in [s for s in self.subscriptions if s.connection is connection]:
             self._drop(sub)
@@ -523,7 +586,13 @@ class Partition:
                 session.session_id, self.partition_id, start, stop - start + 1
             )
         except Exception as e:
-            log.info("partition %d: feed read %d..%d failed: %s", self.partition_id, start, stop, e)
+            log.info(
+                "partition %d: feed read %d..%d failed: %s",
+                self.partition_id,
+                start,
+                stop,
+                describe(e),
+            )
             await asyncio.sleep(0.1)
             return []
         return [h.encode() for h in headers if h.transaction_id <= stop]
@@ -577,3 +646,9 @@ async def _reachable(address: str, timeout: float = 1.0) -> bool:
         return False
     await client.close()
     return True
+
+
+def _source(session: StoreSession) -> str | None:
+    """The member to copy a lagging replica from: the one that acknowledged the most."""
+    member = session.reader(session.high_water_mark)
+    return member.address if member is not None else None

@@ -16,18 +16,19 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from kazoo.exceptions import KazooException
 
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.replica_safety import writing_members
-from waltz_client.wire.errors import ProtocolError
+from waltz_client.wire.errors import ProtocolError, describe
 from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import StorageError
 
+from .catch_up import CatchUpSettings
 from .recovery import (
     OwnSession,
     StorageView,
@@ -76,6 +77,7 @@ class RecoveryContext:
     retry_delay: float = 1.0
     max_batch_bytes: int = 4 * 1024 * 1024
     max_in_flight: int = 16
+    catch_up: CatchUpSettings = field(default_factory=CatchUpSettings)
 
 
 _RETRYABLE = (
@@ -105,8 +107,8 @@ async def start_session(
         except Superseded:
             raise
         except _RETRYABLE as e:
-            report(f"recovery retrying: {e}")
-            log.warning("partition %d: recovery attempt failed: %s", ctx.partition_id, e)
+            report(f"recovery retrying: {describe(e)}")
+            log.warning("partition %d: recovery attempt failed: %s", ctx.partition_id, describe(e))
             await asyncio.sleep(ctx.retry_delay)
 
 
@@ -167,7 +169,9 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
                 ):
                     raise RecoveryStalled(f"a newer session exists: {result}")
                 if isinstance(result, BaseException):
-                    log.info("partition %d: replica %s unreachable: %s", p, address, result)
+                    log.info(
+                        "partition %d: replica %s unreachable: %s", p, address, describe(result)
+                    )
                     continue
                 clients[address], views[address] = result
             assessments, decision = decide(meta, ctx.replicas, views, own)
@@ -184,18 +188,35 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             positions[address] = a.vote  # clean up to here (a removed voter is only read)
         votes = {a: x.vote for a, x in assessments.items()}
         members: dict[str, Member] = {}
-        for address, client in clients.items():
-            if address not in ctx.replicas:
-                continue  # it voted; it no longer holds the partition
+        lagging: dict[str, int] = {}
+        quorum = majority(len(ctx.replicas))
+        # The nearest first: a replica far behind is copied here only if the session
+        # needs it for its quorum; otherwise it is copied in the background (catch_up).
+        reachable = sorted(
+            (a for a in clients if a in ctx.replicas), key=lambda a: (decided - positions[a], a)
+        )
+        for address in reachable:
+            client = clients[address]
             try:
+                if decided - positions[address] > ctx.catch_up.inline_records and (
+                    len(members) >= quorum
+                ):
+                    # Its log is a committed prefix: say so, so that the copy is kept.
+                    await _timed(ctx, client.set_low_water_mark(session_id, p, positions[address]))
+                    lagging[address] = positions[address]
+                    continue
                 await _clean(ctx, session_id, client, clients, positions, votes, address, decided)
             except _RETRYABLE as e:
                 log.warning(
-                    "partition %d: replica %s left out of session %d: %s", p, address, session_id, e
+                    "partition %d: replica %s left out of session %d: %s",
+                    p,
+                    address,
+                    session_id,
+                    describe(e),
                 )
                 continue
             members[address] = Member(address, client, decided)
-        if len(members) < majority(len(ctx.replicas)):
+        if len(members) < quorum:
             raise RecoveryStalled(
                 f"only {len(members)} of {len(ctx.replicas)} replicas are clean at {decided}"
             )
@@ -220,6 +241,7 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             max_batch_bytes=ctx.max_batch_bytes,
             max_in_flight=ctx.max_in_flight,
         )
+        session.lagging = lagging
         for address in set(clients) - set(members):
             await clients[address].close()
         handed_over = True

@@ -3,8 +3,8 @@
 Ownership from ZooKeeper decides which partitions run here: a partition
 that appears (or comes back with a new generation) is started, one that
 leaves is stopped and its feeds suspended. Losing the ZooKeeper session
-stops them all at once. A change in a partition's replica set restarts it
-so that its next store session covers the new replicas.
+stops them all at once. A change in a partition's replica set ends its store
+session at a planned boundary, so that its next session covers the new replicas.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import logging
 
 from waltz_client.cluster.metadata import ReplicaAssignment
 
+from .catch_up import CatchUpSettings
 from .config import ServerConfig
 from .connection import ClientConnectionHandler
 from .coordinator import ServerCoordinator
@@ -118,14 +119,19 @@ class WaltzServer:
         for p, partition in list(self.partitions.items()):
             want = self._owned.get(p)
             replicas = tuple(assignment.replicas_of(p))
-            if want != partition.generation or replicas != partition.context.replicas:
+            if want == partition.generation and replicas and replicas != partition.context.replicas:
+                # Same owner, new replica set: a planned session boundary, not a restart
+                # (feeds and mounts stay; in-flight appends commit first).
+                log.info("partition %d: replicas changed to %s", p, ", ".join(replicas))
+                partition.change_replicas(replicas)
+            elif want != partition.generation or not replicas:
                 self.partitions.pop(p)
                 why = (
                     "moved to another server"
                     if want is None
-                    else (
-                        f"generation {want}" if want != partition.generation else "replicas changed"
-                    )
+                    else f"generation {want}"
+                    if want != partition.generation
+                    else "no replicas assigned"
                 )
                 await self._stop(partition, why)
         for p, generation in sorted(self._owned.items()):
@@ -145,6 +151,10 @@ class WaltzServer:
                 connect_timeout=self.config.storage_timeout,
                 max_batch_bytes=self.config.max_batch_bytes,
                 max_in_flight=self.config.max_in_flight,
+                catch_up=CatchUpSettings(
+                    inline_records=self.config.catch_up_inline_records,
+                    rate=self.config.catch_up_rate,
+                ),
             )
             partition = Partition(
                 context,

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from waltz_client.wire.errors import describe
 from waltz_client.wire.framing import encode_frame
 from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
@@ -91,6 +92,9 @@ class StoreSession:
         self._window = asyncio.Semaphore(max_in_flight)
         self._wake = asyncio.Event()
         self.ended = asyncio.get_running_loop().create_future()
+        # Replicas recovery left out, far behind, with their clean positions: the
+        # partition copies them in the background (catch_up.py).
+        self.lagging: dict[str, int] = {}
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
 
     @property
@@ -157,7 +161,7 @@ class StoreSession:
                 self._send_batch()
         except Exception as e:  # a bug here must not leave appends hanging
             log.exception("partition %d: store session writer failed", self.partition_id)
-            self.end(f"writer failed: {e}")
+            self.end(f"writer failed: {describe(e)}")
 
     def _take_batch(self) -> tuple[bytes, list[tuple[int, int, int]]]:
         if self._queued_bytes <= self._max_batch_bytes and len(self._queued) <= MAX_BATCH_RECORDS:
@@ -194,7 +198,7 @@ class StoreSession:
             try:
                 future = member.client.submit_frame(seq, frame)
             except ConnectionError as e:
-                self.end(f"replica {member.address}: {e}")
+                self.end(f"replica {member.address}: {describe(e)}")
                 return
             member.unacked.append(batch.started)
             if len(member.unacked) > self._max_member_backlog:
@@ -213,7 +217,7 @@ class StoreSession:
             return
         error = future.exception()
         if error is not None:
-            self.end(f"replica {member.address}: {error}")
+            self.end(f"replica {member.address}: {describe(error)}")
             return
         response = future.result()
         if isinstance(response, FailureResponse):
