@@ -13,6 +13,7 @@ from waltz_client.wire.client_messages import (
     ClientMessageType,
     ErrorCode,
     FlushRequest,
+    MountRequest,
     decode_server_response,
 )
 from waltz_client.wire.framing import FrameDecoder
@@ -60,12 +61,13 @@ def test_a_dead_feed_is_suspended_and_no_longer_answers_flushes() -> None:
         context = RecoveryContext(0, 1, ("s:1",), uuid.uuid4(), 1, metadata=None)  # type: ignore[arg-type]
         partition = Partition(context, PartitionSettings())
         partition.state = State.ACTIVE
-        q = ReqId(7, 1, 0, 1)
+        partition.core.session_opened(2)
         for txid in range(3):
             partition.feed_cache.add(txid, RECORD_HEADER.pack(txid, 7, 1, 0, 10 + txid, 0))
-        partition.high_water_mark = 2
         connection = Connection()
-        sub = partition.subscribe(connection, q, -1, mounted=True)
+        q = ReqId(7, 1, 0, 1)
+        partition._mount(connection, MountRequest(q, -1, 1))
+        (sub,) = partition.subscriptions
         await asyncio.wait_for(sub.task, 30)
         assert sub not in partition.subscriptions
         (suspended,) = connection.messages()

@@ -49,7 +49,7 @@ from waltz_client.wire.storage_client import StorageClient
 
 from .caches import DataCache, FeedCache
 from .catch_up import CatchUp
-from .lock_table import LockTable
+from .partition_core import Ignored, LockConflict, PartitionCore, Resolved
 from .recovery import OwnSession
 from .recovery_manager import RecoveryContext, Superseded, start_session
 from .store_session import StoreSession
@@ -164,20 +164,19 @@ class Partition:
         observe_commit: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         self.partition_id = context.partition_id
-        self.generation = context.generation
         self.context = context
         self.settings = settings
         self._on_superseded = on_superseded
         self._observe_commit = observe_commit
         self.state = State.RECOVERING
         self.status = "starting"
-        self.high_water_mark = -1
-        self._next_txid = 0
+        self.core = PartitionCore(
+            context.generation, settings.lock_table_size, settings.lock_hashes
+        )
         self.session: StoreSession | None = None
         self._own: OwnSession | None = None  # the last session this object ran
         self._rejoin_attempts: dict[str, int] = {}  # sessions started for a returning replica
         self._next_probe: dict[str, float] = {}
-        self.locks = LockTable(settings.lock_table_size, settings.lock_hashes)
         self.feed_cache = FeedCache(settings.feed_cache_bytes)
         self.data_cache = DataCache(settings.data_cache_bytes)
         self.stats = PartitionStats()
@@ -186,10 +185,8 @@ class Partition:
         self._queue_ready = asyncio.Event()
         self._paused: set[ClientConnection] = set()
         self._active = asyncio.Event()
-        self._epoch = 0  # bumped by every new store session
-        self._barriers: list[tuple[int, int, Callable[[int], None]]] = []
-        self._mounts: dict[int, int] = {}  # client ID -> newest connection seq mounted
-        self.subscriptions: set[Subscription] = set()
+        # Ordered (a dict, not a set), so that feeds are woken in a deterministic order.
+        self.subscriptions: dict[Subscription, None] = {}
         self._tasks: list[asyncio.Task] = []
         self._catch_ups: dict[str, CatchUp] = {}  # lagging replicas copied in the background
         self._boundary: asyncio.Future[str] | None = None  # a planned session end, and why
@@ -237,7 +234,14 @@ class Partition:
                     ).encode()
                 )
         self._queue.clear()
-        self._barriers.clear()
+
+    @property
+    def generation(self) -> int:
+        return self.core.generation
+
+    @property
+    def high_water_mark(self) -> int:
+        return self.core.high_water_mark
 
     @property
     def queue_size(self) -> int:
@@ -283,16 +287,13 @@ class Partition:
     def _open(self, session: StoreSession) -> None:
         self.session = session
         self.stats.sessions += 1
-        self.high_water_mark = session.high_water_mark
-        self._next_txid = session.high_water_mark + 1
-        self.locks.reset(session.high_water_mark)
+        resolved = self.core.session_opened(session.high_water_mark)
         self.feed_cache.reset(session.high_water_mark)
         self.data_cache.drop_above(session.high_water_mark)
-        self._epoch += 1
         self.state = State.ACTIVE
         self.status = f"active in session {session.session_id}"
         self._active.set()
-        self._resolve_barriers()
+        self._answer(resolved)
         self._wake_feeds()
         for address, position in sorted(session.lagging.items()):
             self._catch_ups[address] = CatchUp(
@@ -434,19 +435,24 @@ class Partition:
 
     def _append(self, connection: ClientConnection, m: AppendRequest) -> None:
         q = m.req_id
-        if q.generation != self.generation or self._stale(connection, q.client_id):
+        decision = self.core.append(
+            q,
+            connection.mounted_seq(q.client_id, self.partition_id),
+            m.client_high_water_mark,
+            m.write_locks,
+            m.read_locks,
+            m.append_locks,
+        )
+        if isinstance(decision, Ignored):
             self.stats.ignored += 1
             return
-        conflict = self.locks.conflict(m.client_high_water_mark, m.write_locks + m.read_locks)
-        if conflict is not None:
+        if isinstance(decision, LockConflict):
             self.stats.lock_failures += 1
-            connection.send(LockFailure(q, conflict).encode())
+            connection.send(LockFailure(q, decision.transaction_id).encode())
             return
         session = self.session
         assert session is not None
-        txid = self._next_txid
-        self._next_txid += 1
-        self.locks.commit(txid, m.write_locks + m.append_locks)
+        txid = decision.transaction_id
         data = m.data
         record = b"".join(
             (
@@ -460,36 +466,27 @@ class Partition:
         session.append(txid, record, len(data))
         self.stats.appended += 1
 
-    def _stale(self, connection: ClientConnection, client_id: int) -> bool:
-        seq = connection.mounted_seq(client_id, self.partition_id)
-        newest = self._mounts.get(client_id)
-        return seq is not None and newest is not None and seq < newest
-
     def _mount(self, connection: ClientConnection, m: MountRequest) -> None:
         q = m.req_id
-        if q.generation != self.generation:
-            connection.send(MountResponse(q, MountStatus.STALE_GENERATION).encode())
+        sub = Subscription(self, connection, q, m.client_high_water_mark, mounted=True)
+        status, previous = self.core.mount(
+            q, m.connection_seq, connection, sub, MountResponse(q, MountStatus.READY).encode()
+        )
+        if status != MountStatus.READY:
+            sub.task.cancel()
+            connection.send(MountResponse(q, status).encode())
             return
-        if m.connection_seq < self._mounts.get(q.client_id, -1):
-            connection.send(MountResponse(q, MountStatus.STALE_CONNECTION).encode())
-            return
-        self._mounts[q.client_id] = m.connection_seq
         connection.mark_mounted(q.client_id, self.partition_id, m.connection_seq)
-        for sub in list(self.subscriptions):  # the client's earlier mount of this partition
-            if sub.mounted and sub.req_id.client_id == q.client_id:
-                self._drop(sub)
-        sub = self.subscribe(connection, q, m.client_high_water_mark, mounted=True)
-        frame = MountResponse(q, MountStatus.READY).encode()
-        self._barrier(lambda through: sub.add_marker(through, frame))
+        if isinstance(previous, Subscription):  # the client's earlier mount of this partition
+            self._drop(previous)
+        self.subscriptions[sub] = None
+        self._answer(self.core.resolve())
 
     def _flush(self, connection: ClientConnection, m: FlushRequest) -> None:
         """A Flush settles the client's appends only on its mount feed in this partition
-        object, after the transactions it covers. Without one (the partition object was
-        rebuilt since the client mounted, or it never mounted here) the answer could not
-        say which of its appends this object's recovery committed: refuse it."""
+        object, after the transactions it covers (``PartitionCore.flush`` says why)."""
         q = m.req_id
-        sub = self._mount_feed(connection, q.client_id)
-        if sub is None:
+        if not self.core.flush(q, connection, q):
             connection.send(
                 ErrorResponse(
                     q,
@@ -499,33 +496,18 @@ class Partition:
                 ).encode()
             )
             return
+        self._answer(self.core.resolve())
 
-        def answer(through: int) -> None:
-            if sub in self.subscriptions:  # not replaced by a newer mount meanwhile
-                sub.add_marker(through, FlushResponse(q, self.high_water_mark).encode())
-
-        self._barrier(answer)
-
-    def _mount_feed(self, connection: ClientConnection, client_id: int) -> Subscription | None:
-        for sub in self.subscriptions:
-            if sub.mounted and sub.connection is connection and sub.req_id.client_id == client_id:
-                return sub
-        return None
-
-    def _barrier(self, callback: Callable[[int], None]) -> None:
-        """Call back with the last transaction to deliver first, once every append queued
-        so far is resolved."""
-        self._barriers.append((self._next_txid - 1, self._epoch, callback))
-        self._resolve_barriers()
-
-    def _resolve_barriers(self) -> None:
-        keep = []
-        for target, epoch, callback in self._barriers:
-            if self.high_water_mark >= target or self._epoch > epoch:
-                callback(min(target, self.high_water_mark))
+    def _answer(self, resolved: list[Resolved]) -> None:
+        """Queue each resolved barrier's answer on its feed, behind what it covers."""
+        for r in resolved:
+            sub = r.feed
+            assert isinstance(sub, Subscription)
+            if isinstance(r.token, ReqId):  # a Flush
+                frame = FlushResponse(r.token, self.high_water_mark).encode()
             else:
-                keep.append((target, epoch, callback))
-        self._barriers = keep
+                frame = r.token
+            sub.add_marker(r.through, frame)
 
     # --- commits and feeds ------------------------------------------------------------
 
@@ -535,11 +517,10 @@ class Partition:
         for txid, pos, length in batch.spans:
             self.feed_cache.add(txid, buf[pos : pos + RECORD_HEADER.size])
             self.data_cache.put(txid, buf[pos + head : pos + head + length])
-        self.high_water_mark = batch.last_txid
+        resolved = self.core.committed(batch.last_txid)
         self.stats.committed += len(batch.spans)
         self._observe_commit(time.perf_counter() - started)
-        if self._barriers:
-            self._resolve_barriers()
+        self._answer(resolved)
         self._wake_feeds()
 
     def _wake_feeds(self) -> None:
@@ -550,17 +531,19 @@ class Partition:
         self, connection: ClientConnection, req_id: ReqId, client_hwm: int, mounted: bool = False
     ) -> Subscription:
         sub = Subscription(self, connection, req_id, client_hwm, mounted)
-        self.subscriptions.add(sub)
+        self.subscriptions[sub] = None
         return sub
 
     def _drop(self, sub: Subscription) -> None:
         sub.task.cancel()
-        self.subscriptions.discard(sub)
+        self.subscriptions.pop(sub, None)
+        self.core.feed_ended(sub)
 
     def end_subscription(self, sub: Subscription, reason: str) -> None:
         """A feed that cannot go on: unregister it (flushes stop being routed to it) and
         tell the client, who mounts again."""
-        self.subscriptions.discard(sub)
+        self.subscriptions.pop(sub, None)
+        self.core.feed_ended(sub)
         if not sub.connection.closed:
             try:
                 sub.connection.send(FeedSuspended(sub.req_id, reason).encode())

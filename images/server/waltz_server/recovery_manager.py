@@ -215,7 +215,7 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
                     describe(e),
                 )
                 continue
-            members[address] = Member(address, client, decided)
+            members[address] = Member(address, client)
         if len(members) < quorum:
             raise RecoveryStalled(
                 f"only {len(members)} of {len(ctx.replicas)} replicas are clean at {decided}"

@@ -1,12 +1,11 @@
 """A store session: one session ID, a fixed set of member replicas, quorum commits.
 
-Records queued by the partition's append task are batched: one storage
-Append per member carries every record queued since the last send, and
-several batches may be in flight. A batch commits when a majority of the
-partition's replicas (not of the members) has acknowledged it; replicas
-acknowledge in order, so batches commit in order. Any member failing ends
-the session: a replica never rejoins a session it left, and the partition
-starts a new session whose recovery decides what the old one committed.
+The decisions (batching, the window, acknowledgements, the commit quorum, stragglers,
+the end) are ``session_core.SessionCore``'s; this is the asyncio shell around it: one
+writer task sends each batch as one storage Append to every member, several in flight,
+and each answer goes back to the core, whose committed batches go to the partition.
+Any member failing ends the session: a replica never rejoins a session it left, and
+the partition starts a new session whose recovery decides what the old one committed.
 """
 
 from __future__ import annotations
@@ -15,25 +14,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from waltz_client.wire.errors import describe
 from waltz_client.wire.framing import encode_frame
 from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import (
-    DEFAULT_MAX_LIST_RECORDS,
     MESSAGE_HEADER,
     FailureResponse,
     StorageMessageType,
 )
 
-log = logging.getLogger(__name__)
+from .session_core import Batch, SessionCore
 
-# Storage refuses an Append of more records than its list limit, however small they are.
-MAX_BATCH_RECORDS = DEFAULT_MAX_LIST_RECORDS // 10
+log = logging.getLogger(__name__)
 
 
 class SessionEnded(Exception):
@@ -44,19 +40,10 @@ class SessionEnded(Exception):
 class Member:
     address: str
     client: StorageClient
-    acked: int  # highest transaction ID this replica acknowledged in this session
-    unacked: deque[float] = field(default_factory=deque)  # send times, oldest first
 
-
-@dataclass
-class _Batch:
-    first: int
-    last: int
-    buf: bytes
-    spans: list[tuple[int, int, int]]
-    started: float
-    acks: int = 0
-    acked_by: set[str] = field(default_factory=set)
+    @property
+    def closed(self) -> bool:
+        return self.client.closed
 
 
 class StoreSession:
@@ -76,26 +63,34 @@ class StoreSession:
         self.session_id = session_id
         self.members = members
         self.replica_count = replica_count
-        self.quorum = replica_count // 2 + 1
-        self.start_high_water_mark = high_water_mark
-        self.high_water_mark = high_water_mark
+        self.core = SessionCore(
+            members,
+            replica_count,
+            high_water_mark,
+            max_batch_bytes=max_batch_bytes,
+            max_in_flight=max_in_flight,
+        )
         self._on_commit = on_commit
-        self._max_batch_bytes = max_batch_bytes
-        self._queued: list[bytes] = []
-        self._queued_spans: list[tuple[int, int, int]] = []
-        self._queued_bytes = 0
-        self._max_backlog_bytes = max_batch_bytes * max_in_flight
-        self._max_member_backlog = 8 * max_in_flight
         self._drained = asyncio.Event()
         self._drained.set()
-        self._in_flight: deque[_Batch] = deque()
-        self._window = asyncio.Semaphore(max_in_flight)
         self._wake = asyncio.Event()
         self.ended = asyncio.get_running_loop().create_future()
         # Replicas recovery left out, far behind, with their clean positions: the
         # partition copies them in the background (catch_up.py).
         self.lagging: dict[str, int] = {}
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    @property
+    def quorum(self) -> int:
+        return self.core.quorum
+
+    @property
+    def high_water_mark(self) -> int:
+        return self.core.high_water_mark
+
+    @property
+    def start_high_water_mark(self) -> int:
+        return self.core.start_high_water_mark
 
     @property
     def failed(self) -> bool:
@@ -106,12 +101,12 @@ class StoreSession:
         return 0 if self.failed else len(self.members)
 
     def queued_records(self) -> int:
-        return len(self._queued_spans) + sum(len(b.spans) for b in self._in_flight)
+        return self.core.queued_records()
 
     @property
     def backlogged(self) -> bool:
         """Too much queued behind a full window: the append task should wait."""
-        return self._queued_bytes >= self._max_backlog_bytes
+        return self.core.backlogged
 
     async def wait_for_room(self) -> None:
         """Until the backlog is below its bound, or the session ended."""
@@ -123,23 +118,27 @@ class StoreSession:
         """Queue one encoded wire record (the next transaction ID) for the next batch."""
         if self.ended.done():
             raise SessionEnded(str(self.ended.exception() or "session closed"))
-        self._queued_spans.append((transaction_id, self._queued_bytes, data_length))
-        self._queued.append(wire_record)
-        self._queued_bytes += len(wire_record)
+        self.core.queue(transaction_id, wire_record, data_length)
         self._wake.set()
 
     def end(self, reason: str) -> None:
-        if not self.ended.done():
-            log.info(
-                "partition %d: store session %d ends: %s",
-                self.partition_id,
-                self.session_id,
-                reason,
-            )
-            self.ended.set_exception(SessionEnded(reason))
-            self.ended.exception()  # retrieved: nobody has to await it
-            self._wake.set()
-            self._drained.set()
+        self.core.end(reason)
+        self._ended()
+
+    def _ended(self) -> None:
+        """Reflect the core's end: log it, fail ``ended``, wake whoever waits."""
+        if self.core.end_reason is None or self.ended.done():
+            return
+        log.info(
+            "partition %d: store session %d ends: %s",
+            self.partition_id,
+            self.session_id,
+            self.core.end_reason,
+        )
+        self.ended.set_exception(SessionEnded(self.core.end_reason))
+        self.ended.exception()  # retrieved: nobody has to await it
+        self._wake.set()
+        self._drained.set()
 
     async def close(self, reason: str = "closed") -> None:
         self.end(reason)
@@ -151,44 +150,21 @@ class StoreSession:
     async def _write_loop(self) -> None:
         try:
             while not self.ended.done():
-                if not self._queued:
+                batch = self.core.next_batch(time.perf_counter())
+                self._ended()  # a member too far behind ends the session here
+                if batch is None:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                await self._window.acquire()
-                if self.ended.done():
-                    return
-                self._send_batch()
+                if not self.backlogged:
+                    self._drained.set()
+                self._send(batch)
         except Exception as e:  # a bug here must not leave appends hanging
             log.exception("partition %d: store session writer failed", self.partition_id)
             self.end(f"writer failed: {describe(e)}")
 
-    def _take_batch(self) -> tuple[bytes, list[tuple[int, int, int]]]:
-        if self._queued_bytes <= self._max_batch_bytes and len(self._queued) <= MAX_BATCH_RECORDS:
-            buf, spans = b"".join(self._queued), self._queued_spans
-            self._queued, self._queued_spans, self._queued_bytes = [], [], 0
-            return buf, spans
-        # Too much for one request: send a prefix, keep the rest queued.
-        n, size = 0, 0
-        while n < min(len(self._queued), MAX_BATCH_RECORDS) and (
-            n == 0 or size + len(self._queued[n]) <= self._max_batch_bytes
-        ):
-            size += len(self._queued[n])
-            n += 1
-        buf = b"".join(self._queued[:n])
-        spans = self._queued_spans[:n]
-        self._queued = self._queued[n:]
-        self._queued_spans = [(t, off - size, ln) for t, off, ln in self._queued_spans[n:]]
-        self._queued_bytes -= size
-        return buf, spans
-
-    def _send_batch(self) -> None:
-        buf, spans = self._take_batch()
-        if not self.backlogged:
-            self._drained.set()
-        batch = _Batch(spans[0][0], spans[-1][0], buf, spans, time.perf_counter())
-        self._in_flight.append(batch)
-        body = len(spans).to_bytes(4, "big") + buf
+    def _send(self, batch: Batch) -> None:
+        body = len(batch.spans).to_bytes(4, "big") + batch.buf
         for member in self.members.values():
             seq = member.client.next_seq()
             frame = encode_frame(
@@ -198,49 +174,38 @@ class StoreSession:
             try:
                 future = member.client.submit_frame(seq, frame)
             except ConnectionError as e:
-                self.end(f"replica {member.address}: {describe(e)}")
+                self._failed(member, describe(e))
                 return
-            member.unacked.append(batch.started)
-            if len(member.unacked) > self._max_member_backlog:
-                # A quorum keeps committing without it; its requests would pile up.
-                self.end(f"replica {member.address} is not keeping up")
-                return
-            future.add_done_callback(lambda f, m=member, b=batch: self._acknowledged(m, b, f))
+            future.add_done_callback(lambda f, m=member, b=batch: self._answered(m, b, f))
 
-    def _acknowledged(self, member: Member, batch: _Batch, future: asyncio.Future) -> None:
-        if not future.cancelled():
-            future.exception()  # retrieved, whatever happens next
-        if self.ended.done():
-            return
+    def _answered(self, member: Member, batch: Batch, future: asyncio.Future) -> None:
         if future.cancelled():
-            self.end(f"replica {member.address}: request cancelled")
+            self._failed(member, "request cancelled")
             return
         error = future.exception()
         if error is not None:
-            self.end(f"replica {member.address}: {describe(error)}")
+            self._failed(member, describe(error))
             return
         response = future.result()
         if isinstance(response, FailureResponse):
-            self.end(
-                f"replica {member.address}: {StorageFailure(response.error, response.message)}"
-            )
+            self._failed(member, str(StorageFailure(response.error, response.message)))
             return
-        member.acked = batch.last
-        if member.unacked:
-            member.unacked.popleft()
-        batch.acks += 1
-        while self._in_flight and self._in_flight[0].acks >= self.quorum:
-            done = self._in_flight.popleft()
-            self.high_water_mark = done.last
-            self._window.release()
+        committed = self.core.acknowledged(member.address, batch)
+        if committed:
+            self._wake.set()  # the window has room again
+        for done in committed:
             self._on_commit(RecordBatch(done.buf, done.spans), done.started)
+
+    def _failed(self, member: Member, reason: str) -> None:
+        self.core.failed(member.address, reason)
+        self._ended()
 
     async def drain(self, timeout: float) -> None:
         """Until every queued and in-flight record is committed (or the session ended, or
         ``timeout`` seconds): a planned end loses nothing."""
         deadline = asyncio.get_running_loop().time() + timeout
         while (
-            (self._queued or self._in_flight)
+            not self.core.drained()
             and not self.ended.done()
             and asyncio.get_running_loop().time() < deadline
         ):
@@ -249,15 +214,10 @@ class StoreSession:
     def check_stragglers(self, now: float, timeout: float) -> None:
         """End the session if a member has left a request unanswered for ``timeout`` s
         (a paused or wedged storage node: the next session leaves it out)."""
-        for m in self.members.values():
-            if m.unacked and now - m.unacked[0] > timeout:
-                self.end(f"replica {m.address} has not answered for {now - m.unacked[0]:.1f} s")
-                return
+        self.core.check_stragglers(now, timeout)
+        self._ended()
 
     def reader(self, up_to: int) -> Member | None:
         """A member that has acknowledged everything up to ``up_to`` (to read it back)."""
-        best = None
-        for m in self.members.values():
-            if m.acked >= up_to and not m.client.closed and (best is None or m.acked > best.acked):
-                best = m
-        return best
+        address = self.core.reader(up_to, lambda a: not self.members[a].closed)
+        return self.members[address] if address is not None else None
