@@ -12,7 +12,9 @@ version chosen). Anything but status OK is followed by a close.
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -20,6 +22,9 @@ from .errors import FrameTooLarge, HandshakeError, MalformedFrame
 
 FRAME_HEADER = struct.Struct(">IB")  # length, message type
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+# How a client reaches host:port: asyncio.open_connection, or a simulated network's.
+OpenConnection = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 MAGIC = b"WLTZ"
 _HELLO = struct.Struct(">4sBBHHH")  # magic, service, reserved, min, max, reserved

@@ -23,6 +23,7 @@ from .framing import (
     HandshakeStatus,
     Hello,
     HelloReply,
+    OpenConnection,
     Service,
 )
 from .records import DEFAULT_MAX_DATA_BYTES
@@ -68,11 +69,12 @@ class ServerConnection:
         timeout: float = 10.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+        open_connection: OpenConnection = asyncio.open_connection,
     ) -> ServerConnection:
         endpoint = f"{host}:{port}"
 
         async def dial() -> ServerConnection:
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await open_connection(host, port)
             try:
                 lo, hi = SERVER_PROTOCOL_VERSIONS.start, SERVER_PROTOCOL_VERSIONS.stop - 1
                 writer.write(Hello(Service.SERVER, lo, hi).encode())
@@ -154,7 +156,9 @@ class ServerConnection:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
         with contextlib.suppress(OSError):
-            await self._writer.wait_closed()
+            # Shielded: a cancelled caller must not cancel the close waiter that other
+            # close() calls of this connection share.
+            await asyncio.shield(self._writer.wait_closed())
 
     async def __aenter__(self) -> ServerConnection:
         return self

@@ -21,6 +21,7 @@ from .framing import (
     HandshakeStatus,
     Hello,
     HelloReply,
+    OpenConnection,
     Service,
 )
 from .records import Record, RecordBatch, RecordHeader
@@ -94,9 +95,12 @@ class StorageClient:
         timeout: float = 10.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         limits: Limits = DEFAULT_LIMITS,
+        open_connection: OpenConnection = asyncio.open_connection,
     ) -> StorageClient:
+        """``open_connection``: how to reach ``host:port`` (a simulated network in tests)."""
+
         async def dial() -> StorageClient:
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await open_connection(host, port)
             try:
                 hello = Hello(
                     Service.STORAGE,
@@ -193,7 +197,10 @@ class StorageClient:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._reader_task
         with contextlib.suppress(OSError):
-            await self._writer.wait_closed()
+            # Shielded: the close waiter is one future shared by every close() of this
+            # client; a cancelled caller must not cancel it for the others (a partition
+            # stopping while its session loop closes the same session got CancelledError).
+            await asyncio.shield(self._writer.wait_closed())
 
     async def __aenter__(self) -> StorageClient:
         return self

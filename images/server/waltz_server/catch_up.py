@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from waltz_client.wire.errors import describe
+from waltz_client.wire.framing import OpenConnection
 from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import FailureResponse
@@ -107,6 +107,7 @@ class CatchUp:
         num_partitions: int,
         timeout: float,
         settings: CatchUpSettings,
+        open_connection: OpenConnection = asyncio.open_connection,
     ) -> None:
         self.partition_id = partition_id
         self.session_id = session_id
@@ -118,7 +119,8 @@ class CatchUp:
         self._num_partitions = num_partitions
         self._timeout = timeout
         self.settings = settings
-        self.progress = CatchUpProgress(position, started=time.monotonic())
+        self._open_connection = open_connection
+        self.progress = CatchUpProgress(position, started=asyncio.get_running_loop().time())
         self.task = asyncio.get_running_loop().create_task(self._run())
         self.task.add_done_callback(self._finished)
 
@@ -140,7 +142,9 @@ class CatchUp:
 
     async def _connect(self, address: str) -> StorageClient:
         host, _, port = address.rpartition(":")
-        client = await StorageClient.connect(host, int(port), timeout=self._timeout)
+        client = await StorageClient.connect(
+            host, int(port), timeout=self._timeout, open_connection=self._open_connection
+        )
         try:
             await asyncio.wait_for(client.open(self._key, self._num_partitions), self._timeout)
         except BaseException:
@@ -251,7 +255,7 @@ class CatchUp:
         )
 
     def _report_done(self) -> None:
-        took = max(1e-9, time.monotonic() - self.progress.started)
+        took = max(1e-9, asyncio.get_running_loop().time() - self.progress.started)
         log.info(
             "partition %d: replica %s caught up to %d: %d transactions in %.1f s (%.0f/s)",
             self.partition_id,

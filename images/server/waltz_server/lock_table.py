@@ -59,5 +59,4 @@ class LockTable:
 
     def reset(self, high_water_mark: int) -> None:
         """After a recovery the history is unknown: every lock is as new as the log."""
-        for s in range(self.size):
-            self._marks[s] = high_water_mark
+        self._marks = array("q", [high_water_mark]) * self.size  # C speed: 64k slots

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -183,7 +182,7 @@ class Partition:
         self.feed_sent = 0
         self._queue: deque[tuple[ClientConnection, object]] = deque()
         self._queue_ready = asyncio.Event()
-        self._paused: set[ClientConnection] = set()
+        self._paused: dict[ClientConnection, None] = {}  # ordered: resumed in order
         self._active = asyncio.Event()
         # Ordered (a dict, not a set), so that feeds are woken in a deterministic order.
         self.subscriptions: dict[Subscription, None] = {}
@@ -308,6 +307,7 @@ class Partition:
                 num_partitions=self.context.num_partitions,
                 timeout=self.context.connect_timeout,
                 settings=self.context.catch_up,
+                open_connection=self.context.open_connection,
             )
 
     def _stop_catch_ups(self) -> None:
@@ -360,7 +360,8 @@ class Partition:
                 if a not in session.members
                 and (a not in self._catch_ups or self._catch_ups[a].task.done())
             ]
-            session.check_stragglers(time.perf_counter(), self.context.connect_timeout)
+            now = asyncio.get_running_loop().time()
+            session.check_stragglers(now, self.context.connect_timeout)
             if session.ended.done():
                 return str(session.ended.exception())
             if (
@@ -369,8 +370,10 @@ class Partition:
             ):
                 return "checkpoint interval reached"
             for address in missing:
-                now = time.monotonic()
-                if now < self._next_probe.get(address, 0.0) or not await _reachable(address):
+                now = asyncio.get_running_loop().time()
+                if now < self._next_probe.get(address, 0.0) or not await _reachable(
+                    address, self.context
+                ):
                     continue
                 # Reachable but perhaps unable to join (a corrupt partition, a wrong key):
                 # back off, or every probe would restart the session and reset the locks.
@@ -388,7 +391,7 @@ class Partition:
         self._queue_ready.set()
         if len(self._queue) >= self.settings.max_queue and connection not in self._paused:
             connection.pause_reading()
-            self._paused.add(connection)
+            self._paused[connection] = None
 
     async def _append_loop(self) -> None:
         while True:
@@ -519,7 +522,7 @@ class Partition:
             self.data_cache.put(txid, buf[pos + head : pos + head + length])
         resolved = self.core.committed(batch.last_txid)
         self.stats.committed += len(batch.spans)
-        self._observe_commit(time.perf_counter() - started)
+        self._observe_commit(asyncio.get_running_loop().time() - started)
         self._answer(resolved)
         self._wake_feeds()
 
@@ -553,7 +556,7 @@ class Partition:
     def disconnect(self, connection: ClientConnection) -> None:
         for sub in [s for s in self.subscriptions if s.connection is connection]:
             self._drop(sub)
-        self._paused.discard(connection)
+        self._paused.pop(connection, None)
 
     async def read_headers(self, start: int, stop: int) -> list[bytes]:
         cached = self.feed_cache.get(start, stop)
@@ -619,12 +622,14 @@ class Partition:
         return RecordBatch(batch.buf[:end], spans)
 
 
-async def _reachable(address: str, timeout: float = 1.0) -> bool:
+async def _reachable(address: str, context: RecoveryContext, timeout: float = 1.0) -> bool:
     """Whether a storage node answers the handshake (a returning replica: time for a new
     session that includes it)."""
     host, _, port = address.rpartition(":")
     try:
-        client = await StorageClient.connect(host, int(port), timeout=timeout)
+        client = await StorageClient.connect(
+            host, int(port), timeout=timeout, open_connection=context.open_connection
+        )
     except Exception:  # refused, timed out, closed mid-handshake, wrong service...
         return False
     await client.close()

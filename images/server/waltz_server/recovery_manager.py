@@ -24,6 +24,7 @@ from kazoo.exceptions import KazooException
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.replica_safety import writing_members
 from waltz_client.wire.errors import ProtocolError, describe
+from waltz_client.wire.framing import OpenConnection
 from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import StorageError
@@ -78,6 +79,8 @@ class RecoveryContext:
     max_batch_bytes: int = 4 * 1024 * 1024
     max_in_flight: int = 16
     catch_up: CatchUpSettings = field(default_factory=CatchUpSettings)
+    # How storage nodes are reached (a simulated network in tests/simulation).
+    open_connection: OpenConnection = asyncio.open_connection
 
 
 _RETRYABLE = (
@@ -132,7 +135,9 @@ async def _timed(ctx: RecoveryContext, call):
 
 async def _connect(ctx: RecoveryContext, address: str, session_id: int):
     host, _, port = address.rpartition(":")
-    client = await StorageClient.connect(host, int(port), timeout=ctx.connect_timeout)
+    client = await StorageClient.connect(
+        host, int(port), timeout=ctx.connect_timeout, open_connection=ctx.open_connection
+    )
     try:
         await _timed(ctx, client.open(ctx.cluster_key, ctx.num_partitions))
         p = ctx.partition_id

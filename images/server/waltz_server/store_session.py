@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -150,7 +149,7 @@ class StoreSession:
     async def _write_loop(self) -> None:
         try:
             while not self.ended.done():
-                batch = self.core.next_batch(time.perf_counter())
+                batch = self.core.next_batch(asyncio.get_running_loop().time())
                 self._ended()  # a member too far behind ends the session here
                 if batch is None:
                     self._wake.clear()

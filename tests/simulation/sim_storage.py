@@ -1,0 +1,240 @@
+"""A simulated storage node: the real request handling over an in-memory disk.
+
+Requests are decided by the storage daemon's own ``PartitionService`` (fencing, the
+low-water marks, truncation floors, contiguity, reads); only the files are replaced by
+``MemoryLog`` and ``MemoryControl``. An Append becomes durable, and is answered, a random
+"fsync" delay after it arrives; a crash before that loses it, as a crash loses an
+unsynced tail. Truncations and control-state writes are durable at once, as on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+from sim_net import SimNetwork
+
+from waltz_client.wire.errors import ProtocolError
+from waltz_client.wire.framing import (
+    HANDSHAKE_BYTES,
+    FrameDecoder,
+    Hello,
+    Service,
+    negotiate,
+)
+from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch, RecordHeader, ReqId
+from waltz_client.wire.storage_messages import (
+    DEFAULT_LIMITS,
+    STORAGE_PROTOCOL_VERSIONS,
+    AppendRequest,
+    FailureResponse,
+    OpenRequest,
+    StorageError,
+    StorageMessage,
+    SuccessResponse,
+    decode_request,
+)
+from waltz_storage.control_file import PartitionInfo
+from waltz_storage.errors import NonContiguousAppend, TruncateRefused
+from waltz_storage.metrics import StorageMetrics
+from waltz_storage.service import EngineSettings, PartitionService
+
+
+class MemoryLog:
+    """The part of ``PartitionLog`` that ``PartitionService`` uses, in memory."""
+
+    directory = "(memory)"
+
+    def __init__(self, partition_id: int) -> None:
+        self.partition_id = partition_id
+        # (txid, wire record, data length, its request: what the simulator compares)
+        self.records: list[tuple[int, bytes, int, ReqId]] = []
+
+    @property
+    def max_txid(self) -> int:
+        return self.records[-1][0] if self.records else -1
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(len(r[1]) for r in self.records)
+
+    def append(self, batch: RecordBatch) -> None:
+        expected = self.max_txid + 1
+        for i, (txid, _, _) in enumerate(batch.spans):
+            if txid != expected + i:
+                raise NonContiguousAppend(f"expected transaction {expected + i}, got {txid}")
+        ends = [pos for _, pos, _ in batch.spans[1:]] + [len(batch.buf)]
+        for (txid, pos, length), end in zip(batch.spans, ends, strict=True):
+            _, client, generation, partition, seq, _, _ = WIRE_RECORD_HEAD.unpack_from(
+                batch.buf, pos
+            )
+            req_id = ReqId(client, generation, partition, seq)
+            self.records.append((txid, batch.buf[pos:end], length, req_id))
+
+    def sync(self) -> None:
+        pass  # durability is modelled by when the node applies an append
+
+    def truncate(self, txid: int) -> None:
+        if txid < -1:
+            raise TruncateRefused(f"cannot truncate to {txid}")
+        del self.records[txid + 1 :]
+
+    def read(self, txid: int, max_records: int, max_bytes: int) -> RecordBatch:
+        if txid > self.max_txid or txid < 0 or max_records <= 0:
+            return RecordBatch(b"", [])
+        chosen = self.records[txid : txid + max_records]
+        parts, spans, pos = [], [], 0
+        for t, wire, length, _ in chosen:
+            if spans and pos + len(wire) > max_bytes:
+                break
+            spans.append((t, pos, length))
+            parts.append(wire)
+            pos += len(wire)
+        return RecordBatch(b"".join(parts), spans)
+
+    def read_headers(self, txid: int, max_records: int, max_bytes: int) -> list[RecordHeader]:
+        return list(self.read(txid, max_records, max_bytes).headers())
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryControl:
+    def __init__(self) -> None:
+        self.infos: dict[int, PartitionInfo] = {}
+
+    def write_partition(self, partition_id: int, info: PartitionInfo) -> PartitionInfo:
+        info = replace(info, sequence=info.sequence + 1)
+        self.infos[partition_id] = info
+        return info
+
+
+class SimStorageNode:
+    def __init__(
+        self,
+        net: SimNetwork,
+        observe: Callable[[SimStorageNode, StorageMessage, StorageMessage], None],
+        name: str,
+        address: str,
+        cluster_key: uuid.UUID,
+        partitions: list[int],
+        num_partitions: int,
+    ) -> None:
+        self.net = net
+        self.observe = observe
+        self.name = name
+        self.address = address
+        self.cluster_key = cluster_key
+        self.num_partitions = num_partitions
+        self.control = MemoryControl()
+        self.metrics = StorageMetrics()
+        self.logs = {p: MemoryLog(p) for p in partitions}
+        self.services: dict[int, PartitionService] = {}
+        self.up = True
+        self.incarnation = 0
+        self._open_services()
+        net.listen(name, address, lambda: _StorageProtocol(self))
+
+    def _open_services(self) -> None:
+        for p, log_ in self.logs.items():
+            self.services[p] = PartitionService(
+                p,
+                self.control,  # type: ignore[arg-type]
+                EngineSettings(),
+                self.metrics,
+                log_,  # type: ignore[arg-type]
+                self.control.infos.get(p, PartitionInfo()),
+            )
+
+    def crash(self) -> None:
+        self.up = False
+        self.incarnation += 1
+        self.net.node_down(self.name)
+
+    def restart(self) -> None:
+        self._open_services()  # state comes back from the "disk": logs and control infos
+        self.up = True
+        self.net.node_up(self.name)
+
+    def handle(self, request: StorageMessage) -> StorageMessage:
+        if isinstance(request, OpenRequest):
+            if request.cluster_key != self.cluster_key:
+                return FailureResponse(
+                    request.session_id,
+                    request.seq,
+                    request.partition_id,
+                    StorageError.CLUSTER_KEY_MISMATCH,
+                    "cluster key mismatch",
+                )
+            return SuccessResponse(request.session_id, request.seq, request.partition_id)
+        service = self.services.get(request.partition_id)
+        if service is None:
+            return FailureResponse(
+                request.session_id,
+                request.seq,
+                request.partition_id,
+                StorageError.PARTITION_NOT_FOUND,
+                "not held",
+            )
+        (response,) = service.process([request])
+        self.observe(self, request, response)
+        return response
+
+
+class _StorageProtocol(asyncio.Protocol):
+    """One connection: handshake, then requests answered in order; an Append's answer
+    waits for its simulated fsync, and later answers wait behind it."""
+
+    def __init__(self, node: SimStorageNode) -> None:
+        self.node = node
+        self.transport: asyncio.Transport | None = None
+        self._hello = bytearray()
+        self._decoder: FrameDecoder | None = None
+        self._ready_at = 0.0  # answers leave in order
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        if not self.node.up or self.transport is None:
+            return
+        if self._decoder is None:
+            self._hello += data
+            if len(self._hello) < HANDSHAKE_BYTES:
+                return
+            reply = negotiate(
+                Hello.decode(bytes(self._hello[:HANDSHAKE_BYTES])),
+                Service.STORAGE,
+                STORAGE_PROTOCOL_VERSIONS,
+            )
+            self.transport.write(reply.encode())
+            self._decoder = FrameDecoder(64 * 1024 * 1024)
+            rest, self._hello = bytes(self._hello[HANDSHAKE_BYTES:]), bytearray()
+            if not rest:
+                return
+            data = rest
+        try:
+            for message_type, body in self._decoder.feed(data):
+                self._schedule(decode_request(message_type, body, DEFAULT_LIMITS))
+        except ProtocolError:
+            self.transport.close()
+
+    def _schedule(self, request: StorageMessage) -> None:
+        loop = asyncio.get_running_loop()
+        rng = self.node.net.rng
+        work = rng.uniform(0.0002, 0.003) if isinstance(request, AppendRequest) else 0.0001
+        self._ready_at = max(loop.time(), self._ready_at + 1e-7) + work
+        loop.call_at(self._ready_at, self._answer, request, self.node.incarnation)
+
+    def _answer(self, request: StorageMessage, incarnation: int) -> None:
+        if not self.node.up or self.node.incarnation != incarnation:
+            return  # crashed before the fsync: the append never happened
+        # A request that arrived is handled even if its connection has closed since.
+        response = self.node.handle(request)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(response.encode())

@@ -1,0 +1,663 @@
+"""One simulated Waltz cluster, run from a seed: the real server code under faults.
+
+What runs is the server's own code: ``Partition`` (with ``PartitionCore``), its
+``StoreSession`` (with ``SessionCore``), recovery (``recovery_manager`` and the pure
+vote), background catch-up, and the client connection handler; storage nodes run the
+storage daemon's ``PartitionService`` on an in-memory disk; clients use the real
+``ServerConnection``. Only the outside is simulated: the clock and the event loop
+(``sim_loop``), the network (``sim_net``), the disks (``sim_storage``), ZooKeeper (the
+partition metadata by compare-and-set, server sessions that expire) and the choice of
+partition owner with its generation (what the servers' rebalance computes).
+
+Faults, drawn from the seed: storage nodes crash (losing what they had not fsync'd) and
+restart; links between a server and a storage node are cut and healed; the owning server
+crashes, or is cut off from everything (a pause), or loses its ZooKeeper session, and the
+partition moves to another server with a higher generation; client links are cut.
+Clients append logical transactions, resend what a Mount or Flush answer says was lost
+(as the client library does), and remount whenever the server tells them to.
+
+After every event the world checks: no fork (a transaction ID delivered with two
+different requests), no logical transaction committed twice, no gap on a feed, every
+acknowledged transaction on a majority of replicas, every replica's log up to its local
+low-water mark equal to the committed log, and each storage node accepting appends from
+non-decreasing sessions only. At the end every fault heals, and every replica must hold
+exactly the committed log, with every acknowledged transaction in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from dataclasses import dataclass, field, replace
+
+from sim_loop import VirtualTimeLoop
+from sim_net import SimNetwork, open_stream
+from sim_storage import SimStorageNode
+
+from waltz_client.cluster.metadata import PartitionMetadata
+from waltz_client.wire.client_messages import (
+    AppendRequest,
+    ClientMessage,
+    ErrorResponse,
+    FeedData,
+    FeedSuspended,
+    FlushRequest,
+    FlushResponse,
+    LockFailure,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+)
+from waltz_client.wire.records import ReqId
+from waltz_client.wire.server_connection import ServerConnection
+from waltz_client.wire.storage_messages import (
+    AppendRequest as StorageAppend,
+)
+from waltz_client.wire.storage_messages import (
+    SetLowWaterMarkRequest,
+    SuccessResponse,
+    TruncateRequest,
+)
+from waltz_server.catch_up import CatchUpSettings
+from waltz_server.connection import ClientConnectionHandler
+from waltz_server.partition import Partition, PartitionSettings
+from waltz_server.recovery_manager import MetadataConflict, RecoveryContext
+
+PARTITION = 0
+STORAGES = ("s0", "s1", "s2")
+SERVERS = ("a", "b")
+CLIENTS = ("c1", "c2")
+
+
+class SimulationFailure(AssertionError):
+    pass
+
+
+class ZooKeeperUnavailable(Exception):
+    """A metadata request from a server whose ZooKeeper session is gone or cut off."""
+
+
+# --- ZooKeeper ------------------------------------------------------------------------
+
+
+class SimZooKeeper:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.metadata = PartitionMetadata()
+        self.version = 0
+
+
+class MetadataClient:
+    """A server's view of the partition metadata (``recovery_manager.MetadataStore``)."""
+
+    def __init__(self, world: World, server: SimServer) -> None:
+        self.world = world
+        self.server = server
+
+    async def _round_trip(self) -> None:
+        await asyncio.sleep(self.world.net.delay())
+        if not self.server.zk_ok():
+            raise ZooKeeperUnavailable(f"server {self.server.name}: no ZooKeeper session")
+
+    async def read(self, partition_id: int) -> tuple[PartitionMetadata, int]:
+        await self._round_trip()
+        zk = self.world.zk
+        return zk.metadata, zk.version
+
+    async def write(self, partition_id: int, metadata: PartitionMetadata, version: int) -> int:
+        await self._round_trip()
+        zk = self.world.zk
+        if version != zk.version:
+            raise MetadataConflict(f"version {version} is not {zk.version}")
+        zk.metadata, zk.version = metadata, zk.version + 1
+        self.world.trace(
+            f"zk: {self.server.name} wrote session {metadata.session_id} "
+            f"gen {metadata.generation} replicas "
+            + ",".join(
+                f"{a}={r.session_id}/{r.closing_high_water_mark}"
+                for a, r in sorted(metadata.replicas.items())
+            )
+        )
+        return zk.version
+
+
+# --- servers --------------------------------------------------------------------------
+
+
+class SimServer:
+    def __init__(self, world: World, name: str) -> None:
+        self.world = world
+        self.name = name
+        self.address = f"{name}:1"
+        self.partitions: dict[int, Partition] = {}
+        self.connections: list[ClientConnectionHandler] = []
+        self.up = True
+        self.session_expired = False  # its ZooKeeper session ended; it has not noticed
+        self.cut_since: float | None = None
+        world.net.listen(name, self.address, self._new_connection)
+
+    def zk_ok(self) -> bool:
+        return self.up and not self.session_expired and self.cut_since is None
+
+    def _new_connection(self) -> ClientConnectionHandler:
+        conn = ClientConnectionHandler(
+            self.partitions.get, 64 * 1024 * 1024, 1024 * 1024, self._closed
+        )
+        self.connections.append(conn)
+        return conn
+
+    def _closed(self, conn: ClientConnectionHandler) -> None:
+        if conn in self.connections:
+            self.connections.remove(conn)
+        for p in conn.partitions_touched:
+            partition = self.partitions.get(p)
+            if partition is not None:
+                partition.disconnect(conn)
+
+    def own(self, generation: int) -> None:
+        world = self.world
+        context = RecoveryContext(
+            partition_id=PARTITION,
+            generation=generation,
+            replicas=tuple(f"{s}:1" for s in STORAGES),
+            cluster_key=world.cluster_key,
+            num_partitions=1,
+            metadata=MetadataClient(world, self),
+            connect_timeout=1.0,
+            retry_delay=0.2,
+            max_batch_bytes=64 * 1024,
+            max_in_flight=4,
+            catch_up=CatchUpSettings(inline_records=4, chunk_records=5, rate=0),
+            open_connection=lambda host, port: open_stream(world.net, self.name, host, port),
+        )
+        partition = Partition(
+            context,
+            PartitionSettings(max_queue=200, feed_batch=50, probe_interval=0.5),
+            self._superseded,
+        )
+        self.partitions[PARTITION] = partition
+        partition.start()
+        world.trace(f"server {self.name} serves the partition with generation {generation}")
+
+    def _superseded(self, partition_id: int, reason: str) -> None:
+        partition = self.partitions.pop(partition_id, None)
+        if partition is not None:
+            self.world.spawn(partition.stop(reason))
+
+    async def stop_partitions(self, reason: str) -> None:
+        for p in list(self.partitions):
+            partition = self.partitions.pop(p)
+            await partition.stop(reason)
+
+    def crash(self) -> None:
+        self.up = False
+        self.world.net.node_down(self.name)
+        for p in list(self.partitions):
+            self.world.spawn(self.partitions.pop(p).stop("crashed"))
+        self.connections.clear()
+
+
+# --- clients --------------------------------------------------------------------------
+
+
+@dataclass
+class Pending:
+    logical: str
+    req_id: ReqId
+
+
+@dataclass
+class SimClient:
+    world: World
+    name: str
+    client_id: int
+    conn: ServerConnection | None = None
+    connection_seq: int = 0
+    mount_req: ReqId | None = None
+    mounted: bool = False
+    applied: int = -1  # client high-water mark
+    seq: int = 0
+    pending: dict[ReqId, Pending] = field(default_factory=dict)
+    flushes: dict[ReqId, set[ReqId]] = field(default_factory=dict)
+    unsent: list[str] = field(default_factory=list)  # logical transactions to (re)send
+    counter: int = 0
+    remount: bool = True
+
+    def next_req(self, generation: int) -> ReqId:
+        self.seq += 1
+        return ReqId(self.client_id, generation, PARTITION, self.seq)
+
+    def on_message(self, m: ClientMessage) -> None:
+        world = self.world
+        match m:
+            case FeedData(req_id=q) if q == self.mount_req:
+                for h in m.headers:
+                    if h.transaction_id <= self.applied:
+                        continue
+                    if h.transaction_id != self.applied + 1:
+                        world.fail(
+                            f"{self.name}: feed gap: {h.transaction_id} after {self.applied}"
+                        )
+                    self.applied = h.transaction_id
+                    world.delivered(h.transaction_id, h.req_id)
+                    mine = self.pending.pop(h.req_id, None)
+                    if mine is not None:
+                        world.acknowledged(mine.logical, h.transaction_id)
+            case MountResponse(req_id=q, status=status) if q == self.mount_req:
+                if status == MountStatus.READY:
+                    self.mounted = True
+                    self._lost(set(self.pending))  # every earlier append is settled
+                else:
+                    self.remount = True
+            case FlushResponse(req_id=q) if q in self.flushes:
+                sent_before = self.flushes.pop(q)
+                self._lost(sent_before & set(self.pending))
+            case ErrorResponse(req_id=q):
+                self.flushes.pop(q, None)
+                self.remount = True
+            case FeedSuspended(req_id=q) if q == self.mount_req:
+                self.remount = True
+            case LockFailure():
+                pass
+
+    def _lost(self, req_ids: set[ReqId]) -> None:
+        for q in sorted(req_ids, key=lambda r: r.seq):
+            p = self.pending.pop(q)
+            self.world.trace(f"{self.name}: {p.logical} ({q.seq}) settled as lost: resend")
+            self.unsent.append(p.logical)
+
+    async def run(self, until: float) -> None:
+        loop = asyncio.get_running_loop()
+        rng = self.world.rng
+        while loop.time() < until or self.unsent or self.pending:
+            if loop.time() > until + 120:
+                self.world.fail(f"{self.name}: could not settle {len(self.pending)} appends")
+            if self.remount or self.conn is None or self.conn.closed_reason is not None:
+                await self._mount()
+                continue
+            if loop.time() < until and rng.random() < 0.6:
+                self.counter += 1
+                self.unsent.append(f"{self.name}-{self.counter}")
+            while self.unsent and self.mounted:
+                self._append(self.unsent.pop(0))
+            if self.pending and rng.random() < 0.3:
+                q = self.next_req(self.mount_req.generation if self.mount_req else 0)
+                self.flushes[q] = set(self.pending)
+                self.conn.send(FlushRequest(q))
+            await asyncio.sleep(rng.uniform(0.005, 0.2))
+        if self.conn is not None:
+            await self.conn.close()
+
+    def _append(self, logical: str) -> None:
+        assert self.conn is not None and self.mount_req is not None
+        q = self.next_req(self.mount_req.generation)
+        self.pending[q] = Pending(logical, q)
+        self.world.submitted[q] = logical
+        self.conn.send(AppendRequest(q, self.applied, (), (), (), 0, logical.encode()))
+
+    async def _mount(self) -> None:
+        world = self.world
+        self.mounted = False
+        self.remount = False
+        if self.conn is not None:
+            await self.conn.close()
+            self.conn = None
+        owner = world.owner
+        if owner is None:
+            await asyncio.sleep(0.2)
+            self.remount = True
+            return
+        server, generation = owner
+        try:
+            self.conn = await asyncio.wait_for(
+                ServerConnection.connect(
+                    server.name,
+                    1,
+                    on_message=self.on_message,
+                    open_connection=lambda host, port: open_stream(
+                        world.net, self.name, host, port
+                    ),
+                ),
+                2.0,
+            )
+        except Exception as e:  # refused, timed out, closed during the handshake
+            world.trace(f"{self.name}: connect to {server.name} failed: {type(e).__name__}")
+            await asyncio.sleep(0.2)
+            self.remount = True
+            return
+        self.connection_seq += 1
+        self.mount_req = self.next_req(generation)
+        world.trace(
+            f"{self.name}: mount at {server.name} gen {generation} from {self.applied} "
+            f"({self.mount_req.seq})"
+        )
+        self.conn.send(MountRequest(self.mount_req, self.applied, self.connection_seq))
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while not self.mounted and not self.remount:
+            if asyncio.get_running_loop().time() > deadline or self.conn.closed_reason:
+                self.remount = True
+                break
+            await asyncio.sleep(0.05)
+
+
+# --- the world ------------------------------------------------------------------------
+
+
+class World:
+    def __init__(self, seed: int, duration: float = 20.0) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.duration = duration
+        self.lines: list[str] = []
+        self.failure: str | None = None
+        self.cluster_key = uuid.UUID(int=seed)
+        self.net = SimNetwork(self.rng, self.trace)
+        self.zk = SimZooKeeper(self)
+        self.storages = [
+            SimStorageNode(self.net, self.observe, s, f"{s}:1", self.cluster_key, [PARTITION], 1)
+            for s in STORAGES
+        ]
+        self._last_session = {s: -1 for s in STORAGES}
+        self.servers = [SimServer(self, s) for s in SERVERS]
+        self.owner: tuple[SimServer, int] | None = None
+        self.generation = 0
+        self.clients = [SimClient(self, c, i + 1) for i, c in enumerate(CLIENTS)]
+        self.committed: dict[int, ReqId] = {}  # txid -> request, as feeds delivered it
+        self.submitted: dict[ReqId, str] = {}  # request -> logical transaction
+        self.acked: dict[str, int] = {}  # logical transaction -> txid
+        self._tasks: list[asyncio.Task] = []
+
+    # --- trace and checks -------------------------------------------------------------
+
+    def trace(self, line: str) -> None:
+        try:
+            now = asyncio.get_running_loop().time()
+        except RuntimeError:
+            now = 0.0
+        self.lines.append(f"{now:9.4f} {line}")
+
+    def fail(self, why: str) -> None:
+        if self.failure is None:
+            self.failure = why
+            self.trace(f"FAILED: {why}")
+        raise SimulationFailure(why)
+
+    def delivered(self, txid: int, req_id: ReqId) -> None:
+        """A feed delivered ``txid`` as ``req_id``: it is committed."""
+        known = self.committed.get(txid)
+        if known is not None and known != req_id:
+            self.fail(f"fork: transaction {txid} delivered as {known} and as {req_id}")
+        self.committed[txid] = req_id
+        logical = self.submitted.get(req_id)
+        if logical is not None:
+            other = self.acked.get(logical)
+            if other is not None and other != txid:
+                self.fail(f"{logical} committed twice: transactions {other} and {txid}")
+        self._check_quorum(txid)
+        for node in self.storages:
+            if txid <= _floor(node):
+                self._check_clean(node, txid)
+
+    def acknowledged(self, logical: str, txid: int) -> None:
+        self.acked[logical] = txid
+
+    def observe(self, node: SimStorageNode, request, response) -> None:
+        """After a storage node handled a request: the invariants it could break."""
+        if not isinstance(response, SuccessResponse):
+            return
+        if isinstance(request, StorageAppend):
+            if request.session_id < self._last_session[node.name]:
+                self.fail(
+                    f"{node.name} accepted an append of session {request.session_id} after "
+                    f"session {self._last_session[node.name]}"
+                )
+            self._last_session[node.name] = request.session_id
+        elif isinstance(request, TruncateRequest):
+            for txid in self.committed:
+                if txid > request.transaction_id:
+                    self._check_quorum(txid)
+        elif isinstance(request, SetLowWaterMarkRequest):
+            for txid in range(_floor(node) + 1):
+                self._check_clean(node, txid)
+
+    def _check_quorum(self, txid: int) -> None:
+        req_id = self.committed[txid]
+        holders = sum(1 for node in self.storages if _holds(node, txid, req_id))
+        if holders < len(STORAGES) // 2 + 1:
+            self.fail(f"committed transaction {txid} is on {holders} replicas only")
+
+    def _check_clean(self, node: SimStorageNode, txid: int) -> None:
+        """What a replica vouches for (up to its local low-water mark) is committed."""
+        known = self.committed.get(txid)
+        if known is not None and not _holds(node, txid, known):
+            self.fail(f"{node.name} forks at {txid}, below its low-water mark {_floor(node)}")
+
+    def check(self) -> None:
+        """Every invariant, from scratch (at the end)."""
+        for txid in self.committed:
+            self._check_quorum(txid)
+        for node in self.storages:
+            for txid in range(_floor(node) + 1):
+                self._check_clean(node, txid)
+
+    # --- running ----------------------------------------------------------------------
+
+    def spawn(self, coro) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(coro))
+
+    def move_ownership(self, why: str, prefer: SimServer | None = None) -> None:
+        candidates = [s for s in self.servers if s.up and s.zk_ok()]
+        self.generation += 1
+        if not candidates:
+            self.owner = None
+            self.trace(f"no server can own the partition ({why})")
+            return
+        server = prefer if prefer in candidates else self.rng.choice(candidates)
+        self.owner = (server, self.generation)
+        self.trace(f"ownership -> {server.name} gen {self.generation} ({why})")
+        server.own(self.generation)
+
+    async def faults(self) -> None:
+        rng = self.rng
+        loop = asyncio.get_running_loop()
+        while loop.time() < self.duration:
+            await asyncio.sleep(rng.uniform(0.3, 2.0))
+            kind = rng.choice(
+                [
+                    "storage-crash",
+                    "link-cut",
+                    "server-crash",
+                    "server-pause",
+                    "zk-expiry",
+                    "client-cut",
+                    "slow-network",
+                    "nothing",
+                ]
+            )
+            self.trace(f"fault: {kind}")
+            if kind == "storage-crash":
+                node = rng.choice(self.storages)
+                if not node.up:
+                    continue
+                node.crash()
+                self.trace(f"{node.name} crashed")
+                await asyncio.sleep(rng.uniform(0.1, 3.0))
+                node.restart()
+                self.trace(f"{node.name} restarted")
+            elif kind == "link-cut" and self.owner is not None:
+                server = self.owner[0].name
+                storage = rng.choice(STORAGES)
+                self.net.cut(server, storage)
+                await asyncio.sleep(rng.uniform(0.1, 3.0))
+                self.net.heal(server, storage)
+            elif kind == "server-crash" and self.owner is not None:
+                server = self.owner[0]
+                server.crash()
+                self.trace(f"server {server.name} crashed")
+                await asyncio.sleep(0.5)  # its ZooKeeper session expires
+                self.move_ownership(f"{server.name} crashed")
+                await asyncio.sleep(rng.uniform(0.1, 2.0))
+                server.up = True
+                self.net.node_up(server.name)
+                self.trace(f"server {server.name} restarted")
+            elif kind == "server-pause" and self.owner is not None:
+                server = self.owner[0]
+                others = [*STORAGES, *CLIENTS, *(s.name for s in self.servers if s is not server)]
+                for other in others:
+                    self.net.cut(server.name, other)
+                server.cut_since = loop.time()
+                await asyncio.sleep(rng.uniform(0.5, 3.0))
+                server.session_expired = True  # the pause outlived its session
+                self.move_ownership(f"{server.name} paused")
+                await asyncio.sleep(rng.uniform(0.0, 2.0))
+                for other in others:
+                    self.net.heal(server.name, other)
+                server.cut_since = None
+                await asyncio.sleep(rng.uniform(0.0, 0.3))  # before it notices
+                await self._session_lost(server)
+            elif kind == "zk-expiry" and self.owner is not None:
+                server = self.owner[0]
+                server.session_expired = True
+                self.move_ownership(f"{server.name}'s session expired")
+                await asyncio.sleep(rng.uniform(0.0, 0.5))
+                await self._session_lost(server)
+            elif kind == "client-cut" and self.owner is not None:
+                client = rng.choice(CLIENTS)
+                self.net.cut(client, self.owner[0].name)
+                await asyncio.sleep(rng.uniform(0.1, 2.0))
+                self.net.heal(client, self.owner[0].name)
+            elif kind == "slow-network":
+                self.net.max_delay = rng.choice([0.002, 0.05, 0.5])
+                self.trace(f"network delays up to {self.net.max_delay} s")
+
+    async def _session_lost(self, server: SimServer) -> None:
+        self.trace(f"server {server.name} notices its ZooKeeper session is gone")
+        await server.stop_partitions("ZooKeeper session lost")
+        server.session_expired = False  # a new session, registered again
+        if self.rng.random() < 0.5:
+            # Its registration makes the servers rebalance: the partition may come back to
+            # it (a new partition object on the same server, clients' connections open).
+            await asyncio.sleep(self.rng.uniform(0.0, 0.3))
+            current = self.owner[0] if self.owner is not None else None
+            if current is not None and current is not server:
+                await current.stop_partitions("moved to another server")
+            self.move_ownership(f"{server.name} registered again", prefer=server)
+
+    async def main(self) -> None:
+        self.move_ownership("start")
+        faults = asyncio.get_running_loop().create_task(self.faults())
+        clients = [
+            asyncio.get_running_loop().create_task(c.run(self.duration)) for c in self.clients
+        ]
+        await faults
+        # Heal everything: the partition must recover and settle every client.
+        self.net.max_delay = 0.002
+        for a, b in [tuple(sorted(c)) for c in list(self.net.cuts)]:
+            self.net.heal(a, b)
+        for s in self.storages:
+            if not s.up:
+                s.restart()
+        for s in self.servers:
+            s.up, s.cut_since, s.session_expired = True, None, False
+            self.net.node_up(s.name)
+        if self.owner is None:
+            self.move_ownership("healed")
+        self.trace("healed")
+        await asyncio.gather(*clients)
+        self.check()
+        await self._final()
+
+    async def _final(self) -> None:
+        """Once every fault has healed: the owner's partition becomes active, its members
+        catch up with the quorum, and each then holds exactly the committed log."""
+        server, _ = self.owner
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120
+        while True:
+            partition = server.partitions.get(PARTITION)
+            if partition is not None and partition.healthy:
+                break
+            if loop.time() > deadline:
+                self.fail("the partition did not become active after every fault healed")
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(5.0)  # acknowledgements still in flight reach every member
+        if not partition.healthy:
+            self.fail(f"the partition stopped being active: {partition.status}")
+        hwm = partition.high_water_mark
+        members = partition.session.members if partition.session else {}
+        for address in members:
+            name = address.split(":")[0]
+            records = next(s for s in self.storages if s.name == name).logs[PARTITION].records
+            if len(records) - 1 < hwm:
+                self.fail(f"member {name} holds {len(records) - 1} < high-water mark {hwm}")
+            node = next(s for s in self.storages if s.name == name)
+            for txid in range(hwm + 1):
+                known = self.committed.get(txid)
+                if known is not None and not _holds(node, txid, known):
+                    self.fail(f"member {name} differs from the committed log at {txid}")
+        for logical, txid in self.acked.items():
+            if txid > hwm:
+                self.fail(f"{logical} acknowledged at {txid} above the final mark {hwm}")
+        self.trace(f"final high-water mark {hwm}, {len(self.acked)} acknowledged")
+
+    def run(self) -> None:
+        loop = VirtualTimeLoop()
+        asyncio.set_event_loop(loop)
+        logging.disable(logging.CRITICAL)
+        try:
+            main = loop.create_task(self.main())
+            loop.run_until_complete(asyncio.wait({main}, timeout=self.duration + 300))
+            if not main.done():
+                stacks = [
+                    f"{t.get_coro().__qualname__}: "
+                    + " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in t.get_stack())
+                    for t in asyncio.all_tasks(loop)
+                ]
+                self.failure = "the simulation hung (no progress for 300 s after the end)"
+                self.lines += ["pending tasks:", *stacks]
+                raise SimulationFailure(self.failure)
+            main.result()
+            if self.failure is not None:  # raised where nobody re-raised it (a callback)
+                raise SimulationFailure(self.failure)
+        except SimulationFailure:
+            raise SimulationFailure(self.failure) from None
+        except BaseException as e:
+            self.failure = self.failure or f"{type(e).__name__}: {e}"
+            self.trace(f"ERROR: {self.failure}")
+            raise SimulationFailure(self.failure) from e
+        finally:
+            logging.disable(logging.NOTSET)
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+            asyncio.set_event_loop(None)
+
+
+def _holds(node: SimStorageNode, txid: int, req_id: ReqId) -> bool:
+    records = node.logs[PARTITION].records
+    return 0 <= txid < len(records) and records[txid][3] == req_id
+
+
+def _floor(node: SimStorageNode) -> int:
+    """The replica's local low-water mark: what it vouches is committed."""
+    info = node.control.infos.get(PARTITION)
+    return info.local_low_water_mark if info is not None else -1
+
+
+def report(world: World, tail: int = 60) -> str:
+    lines = world.lines[-tail:]
+    return (
+        f"seed {world.seed} failed: {world.failure}\n"
+        f"reproduce: WALTZ_SIM_SEED={world.seed} pytest tests/simulation -k one_seed\n"
+        + "\n".join(lines)
+    )
+
+
+__all__ = ["SimulationFailure", "World", "replace", "report"]
