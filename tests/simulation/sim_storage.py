@@ -138,15 +138,32 @@ class SimStorageNode:
         net.listen(name, address, lambda: _StorageProtocol(self))
 
     def _open_services(self) -> None:
-        for p, log_ in self.logs.items():
-            self.services[p] = PartitionService(
-                p,
-                self.control,  # type: ignore[arg-type]
-                EngineSettings(),
-                self.metrics,
-                log_,  # type: ignore[arg-type]
-                self.control.infos.get(p, PartitionInfo()),
-            )
+        for p in list(self.services) or list(self.logs):
+            self.open_partition(p)
+
+    def holds(self, partition_id: int) -> bool:
+        return partition_id in self.services
+
+    def close_partition(self, partition_id: int) -> None:
+        """No longer served (its data stays, as files do)."""
+        self.services.pop(partition_id, None)
+
+    def open_partition(self, partition_id: int) -> None:
+        """Served again (assigned again): from the data it kept, or empty."""
+        log_ = self.logs.setdefault(partition_id, MemoryLog(partition_id))
+        self.services[partition_id] = PartitionService(
+            partition_id,
+            self.control,  # type: ignore[arg-type]
+            EngineSettings(),
+            self.metrics,
+            log_,  # type: ignore[arg-type]
+            self.control.infos.get(partition_id, PartitionInfo()),
+        )
+
+    def wipe(self, partition_id: int) -> None:
+        """The disk was replaced: nothing of the partition is left."""
+        self.logs[partition_id] = MemoryLog(partition_id)
+        self.control.infos.pop(partition_id, None)
 
     def crash(self) -> None:
         self.up = False

@@ -38,6 +38,7 @@ from sim_net import SimNetwork, open_stream
 from sim_storage import SimStorageNode
 
 from waltz_client.cluster.metadata import PartitionMetadata
+from waltz_client.cluster.replica_safety import replica_change_problem, still_needed
 from waltz_client.wire.client_messages import (
     AppendRequest,
     ClientMessage,
@@ -67,7 +68,8 @@ from waltz_server.partition import Partition, PartitionSettings
 from waltz_server.recovery_manager import MetadataConflict, RecoveryContext
 
 PARTITION = 0
-STORAGES = ("s0", "s1", "s2")
+STORAGES = ("s0", "s1", "s2", "s3")  # the partition's replica set is three or four of them
+REPLICAS = 3
 SERVERS = ("a", "b")
 CLIENTS = ("c1", "c2")
 
@@ -113,6 +115,7 @@ class MetadataClient:
         if version != zk.version:
             raise MetadataConflict(f"version {version} is not {zk.version}")
         zk.metadata, zk.version = metadata, zk.version + 1
+        self.world.retire()
         self.world.trace(
             f"zk: {self.server.name} wrote session {metadata.session_id} "
             f"gen {metadata.generation} replicas "
@@ -162,7 +165,7 @@ class SimServer:
         context = RecoveryContext(
             partition_id=PARTITION,
             generation=generation,
-            replicas=tuple(f"{s}:1" for s in STORAGES),
+            replicas=world.replica_addresses(),
             cluster_key=world.cluster_key,
             num_partitions=1,
             metadata=MetadataClient(world, self),
@@ -361,6 +364,8 @@ class World:
             for s in STORAGES
         ]
         self._last_session = {s: -1 for s in STORAGES}
+        self.assignment = set(STORAGES[:REPLICAS])  # storage nodes assigned the partition
+        self.storages[-1].close_partition(PARTITION)  # s3 holds nothing yet
         self.servers = [SimServer(self, s) for s in SERVERS]
         self.owner: tuple[SimServer, int] | None = None
         self.generation = 0
@@ -426,7 +431,8 @@ class World:
     def _check_quorum(self, txid: int) -> None:
         req_id = self.committed[txid]
         holders = sum(1 for node in self.storages if _holds(node, txid, req_id))
-        if holders < len(STORAGES) // 2 + 1:
+        voters = len(self.zk.metadata.replicas) or REPLICAS
+        if holders < voters // 2 + 1:
             self.fail(f"committed transaction {txid} is on {holders} replicas only")
 
     def _check_clean(self, node: SimStorageNode, txid: int) -> None:
@@ -447,6 +453,53 @@ class World:
 
     def spawn(self, coro) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(coro))
+
+    def replica_addresses(self) -> tuple[str, ...]:
+        return tuple(f"{s}:1" for s in sorted(self.assignment))
+
+    def change_replicas(self) -> None:
+        """Add a replica or remove one, through the admin's check, as `waltz cluster` and
+        the operator do; the owner takes the new set at a planned session boundary."""
+        rng = self.rng
+        if len(self.assignment) > REPLICAS and rng.random() < 0.6:
+            new = self.assignment - {rng.choice(sorted(self.assignment))}
+        else:
+            spare = [s for s in STORAGES if s not in self.assignment]
+            if not spare:
+                return
+            new = self.assignment | {rng.choice(spare)}
+        addresses = {f"{s}:1" for s in new}
+        problem = replica_change_problem(PARTITION, self.zk.metadata, addresses)
+        self.trace(f"assign {sorted(new)}: {'refused: ' + problem if problem else 'done'}")
+        if problem is not None:
+            return
+        for name in new - self.assignment:
+            self.storage(name).open_partition(PARTITION)
+        self.assignment = new
+        if self.owner is not None:
+            partition = self.owner[0].partitions.get(PARTITION)
+            if partition is not None:
+                partition.change_replicas(self.replica_addresses())
+        self.retire()
+
+    def retire(self) -> None:
+        """A storage node keeps a partition it lost in the assignment while the last
+        writing session counts its vote (``still_needed``), then closes it; sometimes its
+        disk is then replaced (it was safe to)."""
+        for node in self.storages:
+            if node.name in self.assignment or not node.holds(PARTITION):
+                continue
+            if still_needed(self.zk.metadata, node.address):
+                continue
+            node.close_partition(PARTITION)
+            wiped = self.rng.random() < 0.5
+            if wiped:
+                node.wipe(PARTITION)
+                self._last_session[node.name] = -1
+            self.trace(f"{node.name} closes the partition" + (", disk replaced" if wiped else ""))
+
+    def storage(self, name: str) -> SimStorageNode:
+        return next(s for s in self.storages if s.name == name)
 
     def move_ownership(self, why: str, prefer: SimServer | None = None) -> None:
         candidates = [s for s in self.servers if s.up and s.zk_ok()]
@@ -474,7 +527,8 @@ class World:
                     "zk-expiry",
                     "client-cut",
                     "slow-network",
-                    "nothing",
+                    "replica-change",
+                    "replica-change",
                 ]
             )
             self.trace(f"fault: {kind}")
@@ -489,7 +543,7 @@ class World:
                 self.trace(f"{node.name} restarted")
             elif kind == "link-cut" and self.owner is not None:
                 server = self.owner[0].name
-                storage = rng.choice(STORAGES)
+                storage = rng.choice(sorted(self.assignment))
                 self.net.cut(server, storage)
                 await asyncio.sleep(rng.uniform(0.1, 3.0))
                 self.net.heal(server, storage)
@@ -529,6 +583,8 @@ class World:
                 self.net.cut(client, self.owner[0].name)
                 await asyncio.sleep(rng.uniform(0.1, 2.0))
                 self.net.heal(client, self.owner[0].name)
+            elif kind == "replica-change":
+                self.change_replicas()
             elif kind == "slow-network":
                 self.net.max_delay = rng.choice([0.002, 0.05, 0.5])
                 self.trace(f"network delays up to {self.net.max_delay} s")
