@@ -243,6 +243,11 @@ def test_show_key_and_list(cli, zk, zookeeper, zk_root) -> None:
         paths.partition(1),
         PartitionMetadata(5, 9, {"s1:9000": ReplicaState(9, -1)}).encode(),
     )
+    # old:9000, no longer assigned partition 2, is a member of its last writing session.
+    zk.set(
+        paths.partition(2),
+        PartitionMetadata(5, 4, {"old:9000": ReplicaState(4, -2)}).encode(),
+    )
     zk.set(paths.ownership, Ownership({0: ("srv-0", 2), 1: ("srv-0", 2)}).encode())
     server = connect(zookeeper.connect_string, timeout=10.0)
     try:
@@ -265,10 +270,13 @@ def test_show_key_and_list(cli, zk, zookeeper, zk_root) -> None:
             "generation": 5,
             "session_id": 9,
             "replicas": {"s1:9000": {"session_id": 9, "closing_high_water_mark": -1}},
+            "members": [],
             "owner": "srv-0",
             "owner_generation": 2,
         }
         assert doc["partitions"]["3"]["owner"] is None
+        assert doc["partitions"]["2"]["members"] == ["old:9000"]
+        assert doc["still_serving"] == {"old:9000": [2]}
         assert doc["servers"] == {"srv-0": {"host": "10.1.2.3", "port": 9100, "http_port": 9101}}
         assert doc["problems"] == []
 
@@ -281,6 +289,8 @@ def test_show_key_and_list(cli, zk, zookeeper, zk_root) -> None:
             assert any(line.split()[:1] == [s] for line in out.splitlines()), s
             assert len(ps) > 0
         assert "srv-0" in out and "10.1.2.3:9100" in out
+        assert "still serving removed partitions for a vote" in out
+        assert any(line.split() == ["old:9000", "2"] for line in out.splitlines())
         assert "PROBLEM" not in out
     finally:
         close(server)

@@ -179,3 +179,51 @@ def test_a_removed_member_still_votes_when_the_remaining_ones_disagree(make_clus
         await reader.close()
 
     asyncio.run(scenario())
+
+
+def test_a_removed_member_restarted_before_the_vote_serves_it_again(make_cluster):
+    """As above, but A's storage node restarts after the change and before the vote (a
+    rolling restart): it opens the partition again, from its disk, for the vote."""
+    cluster = make_cluster(storages=4)
+    assignment, _ = _admin(cluster, read_assignment)
+    holders = assignment.replicas_of(0)
+    addresses = cluster.layout.storage_addresses
+    (d,) = [x for x in addresses if x not in holders]
+    a = holders[0]
+    index = {address: i for i, address in enumerate(addresses)}
+
+    async def scenario() -> None:
+        client = PartitionClient(cluster, 0)
+        await client.mount()
+        await _write(client, 20, b"first")
+        _admin(cluster, assign_partitions, d, {0})
+        await asyncio.to_thread(
+            wait_for, lambda: _members(cluster) == set(addresses), 120, "four members"
+        )
+        client.suspended.clear()
+        await client.mount()
+        cluster.storages[index[d]].pause()
+        try:
+            hwm = await _write(client, 20, b"without-d")  # on A, B and C only
+            cluster.servers[0].pause()
+            try:
+                _admin(cluster, unassign_partitions, a, {0})
+                await asyncio.to_thread(
+                    wait_for, lambda: _applied(cluster, index[a]), 30, "A to see the change"
+                )
+                cluster.storages[index[a]].stop()
+                cluster.storages[index[a]].start()
+                assert 0 in _served_partitions(cluster, index[a]), "A did not reopen it"
+            finally:
+                cluster.servers[0].resume()
+            client.suspended.clear()
+            await client.mount()  # recovery needs A's vote: D is paused
+            assert await _write(client, 20, b"after") == hwm + 20
+        finally:
+            cluster.storages[index[d]].resume()
+        await asyncio.to_thread(
+            wait_for, lambda: 0 not in _served_partitions(cluster, index[a]), 60, "A lets go"
+        )
+        await client.close()
+
+    asyncio.run(scenario())

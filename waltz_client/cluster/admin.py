@@ -33,7 +33,7 @@ from .metadata import (
 )
 from .paths import ClusterPaths
 from .placement import assign_replicas
-from .replica_safety import replica_change_problem
+from .replica_safety import replica_change_problem, still_serving, writing_members
 from .zk import ClusterError
 
 CAS_ATTEMPTS = 20
@@ -57,6 +57,17 @@ class ClusterState:
     servers: dict[str, ServerRegistration]
     ownership: Ownership
     problems: list[str] = field(default_factory=list)
+
+    def members(self, partition_id: int) -> list[str]:
+        """The replicas of the partition's last writing session (its members)."""
+        meta = self.partitions.get(partition_id)
+        return sorted(writing_members(meta)) if meta is not None else []
+
+    def still_serving(self) -> dict[str, list[int]]:
+        """Storage nodes keeping partitions removed from them for a vote (see
+        ``replica_safety.still_serving``): do not delete their data yet."""
+        assignment = {p: self.assignment.replicas_of(p) for p in range(self.params.num_partitions)}
+        return still_serving(assignment, self.partitions)
 
 
 def _decode(path: str, data: bytes, codec):

@@ -186,6 +186,7 @@ def cmd_show(zk: KazooClient, args: argparse.Namespace) -> int:
                             }
                             for s, r in m.replicas.items()
                         },
+                        "members": st.members(p),
                         "owner": st.ownership.partitions.get(p, (None, 0))[0],
                         "owner_generation": st.ownership.partitions.get(p, (None, 0))[1],
                     }
@@ -195,6 +196,7 @@ def cmd_show(zk: KazooClient, args: argparse.Namespace) -> int:
                     sid: {"host": r.host, "port": r.port, "http_port": r.http_port}
                     for sid, r in st.servers.items()
                 },
+                "still_serving": st.still_serving(),
                 "problems": st.problems,
             }
         )
@@ -215,13 +217,23 @@ def cmd_show(zk: KazooClient, args: argparse.Namespace) -> int:
             (
                 pid,
                 ",".join(st.assignment.replicas_of(pid)),
+                ",".join(st.members(pid)) or "-",
                 owner or "-",
                 gen,
                 m.generation,
                 m.session_id,
             )
         )
-    _table(["partition", "replicas", "owner", "owner gen", "generation", "session"], rows)
+    _table(
+        ["partition", "replicas", "members", "owner", "owner gen", "generation", "session"], rows
+    )
+    kept = st.still_serving()
+    if kept:
+        print("\nstill serving removed partitions for a vote (do not delete their data yet)")
+        _table(
+            ["address", "partitions"],
+            [(a, format_partition_ranges(ps)) for a, ps in kept.items()],
+        )
     print("\nservers")
     _table(
         ["server", "endpoint", "http"],

@@ -19,7 +19,7 @@ its vote; that recovery's session then drops it from the metadata.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .metadata import NO_SESSION, UNRESOLVED, PartitionMetadata
 
@@ -77,3 +77,17 @@ def still_needed(metadata: PartitionMetadata, address: str) -> bool:
     the writing session): a storage node that lost the partition in the assignment keeps
     serving it until this is False. Other replicas of the set, offline, vote "nothing"."""
     return address in writing_members(metadata)
+
+
+def still_serving(
+    assignment: Mapping[int, Iterable[str]], metadata: Mapping[int, PartitionMetadata]
+) -> dict[str, list[int]]:
+    """Storage nodes that keep partitions they no longer hold in the assignment, because
+    the partitions' last writing sessions may need their votes: address -> partitions.
+    Delete a storage node's data only once it is not listed here."""
+    kept: dict[str, list[int]] = {}
+    for p, meta in sorted(metadata.items()):
+        assigned = set(assignment.get(p, ()))
+        for address in sorted(writing_members(meta) - assigned):
+            kept.setdefault(address, []).append(p)
+    return kept

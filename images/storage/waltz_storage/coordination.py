@@ -38,8 +38,9 @@ def plan_change(
     current: set[int], assigned: set[int], retiring: set[int] = frozenset()
 ) -> tuple[list[int], list[int]]:
     """(partitions to open, partitions to close), in ID order. ``retiring``: partitions no
-    longer assigned here that stay open while their next recovery needs this node's vote."""
-    return sorted(assigned - current), sorted(current - assigned - retiring)
+    longer assigned here that stay (or, after a restart, are again) open while their next
+    recovery needs this node's vote."""
+    return sorted((assigned | retiring) - current), sorted(current - assigned - retiring)
 
 
 def default_advertised_address(host: str, port: int) -> str:

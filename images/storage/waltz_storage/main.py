@@ -144,6 +144,7 @@ class AssignmentApplier:
         self._latest: ReplicaAssignment | None = None
         self._current: ReplicaAssignment | None = None
         self._retiring: set[int] = set()
+        self._started = False  # the first assignment after start looks at the disk too
         self._task: asyncio.Task | None = None
         self._applied: list[asyncio.Event] = []
 
@@ -183,7 +184,14 @@ class AssignmentApplier:
             )
         current = set(self._node.partitions)
         assigned = partitions_of(assignment, self._address)
-        retiring = await self._follower.needing_vote(current - assigned, self._address)
+        candidates = current - assigned
+        if not self._started:
+            # After a restart: a partition removed from this node shortly before may still
+            # be needed for a vote; its control state says a session used it here.
+            candidates |= await loop.run_in_executor(None, self._node.partitions_with_state)
+            candidates -= assigned
+            self._started = True
+        retiring = await self._follower.needing_vote(candidates, self._address)
         to_open, to_close = plan_change(current, assigned, retiring)
         for p in to_open:
             await loop.run_in_executor(None, self._node.add_partition, p)

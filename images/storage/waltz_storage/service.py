@@ -490,6 +490,19 @@ class StorageNode:
         self.partitions = {**self.partitions, partition_id: svc}
         return svc
 
+    def partitions_with_state(self) -> set[int]:
+        """Partitions a store session left marks on here (held now or not): after a
+        restart, those no longer assigned may still be needed for a vote."""
+        found = set()
+        for p in range(self.num_partitions):
+            try:
+                info = self.control.read_partition(p)
+            except ControlFileError:
+                continue  # damaged: it could not serve anyway
+            if holds_state(info):
+                found.add(p)
+        return found
+
     def remove_partition(self, partition_id: int) -> None:
         """Stop holding a partition (its files stay on disk)."""
         svc = self.partitions.get(partition_id)
