@@ -48,6 +48,15 @@ def partition_metadata(cluster: LocalCluster, partition: int) -> PartitionMetada
         close(zk)
 
 
+def cluster_admin(cluster: LocalCluster, call, *args):
+    """Run an admin library call (``waltz_client.cluster.admin``) against the cluster."""
+    zk = connect(cluster.zookeeper_connect)
+    try:
+        return call(zk, cluster.layout.root, *args)
+    finally:
+        close(zk)
+
+
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:

@@ -14,21 +14,12 @@ import re
 import time
 
 import pytest
-from conftest import PartitionClient, partition_metadata, replica_logs, wait_for
+from conftest import PartitionClient, cluster_admin, partition_metadata, replica_logs, wait_for
 
 from waltz_client.cluster.admin import assign_partitions, read_assignment
 from waltz_client.cluster.metadata import UNRESOLVED
-from waltz_client.cluster.zk import close, connect
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _admin(cluster, call, *args):
-    zk = connect(cluster.zookeeper_connect)
-    try:
-        return call(zk, cluster.layout.root, *args)
-    finally:
-        close(zk)
 
 
 def _log(cluster) -> str:
@@ -51,7 +42,7 @@ def test_a_new_replica_is_copied_in_the_background_and_joins(make_cluster):
         storages=4,
         server_args=["--catch-up-inline-records", "100", "--catch-up-rate", "400KiB"],
     )
-    holders = _admin(cluster, read_assignment)[0].replicas_of(0)
+    holders = cluster_admin(cluster, read_assignment)[0].replicas_of(0)
     (new,) = [a for a in cluster.layout.storage_addresses if a not in holders]
 
     async def scenario() -> None:
@@ -61,7 +52,7 @@ def test_a_new_replica_is_copied_in_the_background_and_joins(make_cluster):
             client.append(b"%05d" % i + b"x" * 500)  # ~1.5 MB: several seconds at 400 KiB/s
         assert await client.flush(timeout=120) == 2999
 
-        _admin(cluster, assign_partitions, new, {0})
+        cluster_admin(cluster, assign_partitions, new, {0})
         await asyncio.to_thread(
             wait_for, lambda: f"catching up replica {new}" in _log(cluster), 60, "the copy"
         )

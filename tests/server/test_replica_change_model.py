@@ -20,15 +20,15 @@ from dataclasses import dataclass, field, replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from storage_model import Storage
 
-from waltz_client.cluster.metadata import NO_SESSION, PartitionMetadata
+from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.replica_safety import (
     replica_change_problem,
     still_needed,
     writing_members,
 )
 from waltz_server.recovery import (
-    StorageView,
     closing_metadata,
     decide,
     pick_source,
@@ -38,27 +38,6 @@ from waltz_server.recovery_vote import Undecidable, majority
 
 NODES = ("a", "b", "c", "d", "e")
 GENERATION = 1
-
-
-@dataclass
-class Storage:
-    log: list[tuple[int, int]] = field(default_factory=list)
-    last_session_id: int = NO_SESSION
-    low_water_mark: int = -1
-    local_low_water_mark: int = -1
-
-    @property
-    def top(self) -> int:
-        return len(self.log) - 1
-
-    def view(self) -> StorageView:
-        return StorageView(
-            self.last_session_id, self.low_water_mark, self.local_low_water_mark, self.top
-        )
-
-    def truncate(self, txid: int) -> None:
-        assert txid >= self.local_low_water_mark, "truncating below the local low-water mark"
-        del self.log[txid + 1 :]
 
 
 @dataclass
@@ -138,9 +117,7 @@ class Partition:
                 source = self.storages[pick_source(positions, votes, decided)]
                 s.log.extend(source.log[plan.catch_up_from : decided + 1])
             assert s.log == self.committed[: decided + 1], f"{r} forks from the committed log"
-            s.last_session_id = session_id
-            s.low_water_mark = decided
-            s.local_low_water_mark = decided
+            s.set_low_water_mark(session_id, decided)
             members.append(r)
         quorum = majority(len(replicas))
         if len(members) < quorum or not spend():
