@@ -51,6 +51,15 @@ def _applied(cluster, index: int) -> bool:
     return "no longer assigned here" in log or "closed 0" in log
 
 
+def _roles(cluster) -> tuple[list[str], str, str, dict[str, int]]:
+    """Partition 0's replicas, A (the first of them), D (the fourth storage node) and the
+    index of each storage node."""
+    holders = cluster_admin(cluster, read_assignment)[0].replicas_of(0)
+    addresses = cluster.layout.storage_addresses
+    (d,) = [x for x in addresses if x not in holders]
+    return holders, holders[0], d, {address: i for i, address in enumerate(addresses)}
+
+
 async def _write(client: PartitionClient, n: int, tag: bytes) -> int:
     for i in range(n):
         client.append(tag + b"-%d" % i)
@@ -59,12 +68,7 @@ async def _write(client: PartitionClient, n: int, tag: bytes) -> int:
 
 def test_removing_a_member_waits_for_the_new_replica_then_never_wedges(make_cluster):
     cluster = make_cluster(storages=4)
-    assignment, _ = cluster_admin(cluster, read_assignment)
-    holders = assignment.replicas_of(0)
-    addresses = cluster.layout.storage_addresses
-    (d,) = [a for a in addresses if a not in holders]
-    a = holders[0]
-    index = {address: i for i, address in enumerate(addresses)}
+    holders, a, d, index = _roles(cluster)
 
     async def scenario() -> None:
         client = PartitionClient(cluster, 0)
@@ -128,12 +132,8 @@ def test_a_removed_member_still_votes_when_the_remaining_ones_disagree(make_clus
     the change and before the vote (a rolling restart: it opens the partition again from
     its disk); the partition recovers."""
     cluster = make_cluster(storages=4)
-    assignment, _ = cluster_admin(cluster, read_assignment)
-    holders = assignment.replicas_of(0)
+    _, a, d, index = _roles(cluster)
     addresses = cluster.layout.storage_addresses
-    (d,) = [x for x in addresses if x not in holders]
-    a = holders[0]
-    index = {address: i for i, address in enumerate(addresses)}
 
     async def scenario() -> None:
         client = PartitionClient(cluster, 0)
