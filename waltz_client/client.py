@@ -29,6 +29,7 @@ from .callbacks import WaltzClientCallbacks
 from .cluster_view import ClusterView
 from .config import WaltzClientConfig
 from .monitor import Outcome, Resolution, TransactionMonitor
+from .tasks import spawn
 from .transaction import Transaction, TransactionBuilder, TransactionContext
 from .wire.client_messages import (
     MAX_LOCKS,
@@ -138,6 +139,7 @@ class _ServerLink:
         self.stream_seq = 0
         self.rpc_waiters: dict[ReqId, asyncio.Future] = {}
         self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()  # the connections' watchers
 
     async def stream_connection(self) -> ServerConnection:
         async with self._lock:
@@ -148,7 +150,7 @@ class _ServerLink:
                 )
                 self.stream_seq = self.client._next_connection_seq()
                 conn = self.stream
-                asyncio.get_running_loop().create_task(self._watch_stream(conn))
+                spawn(self._watch_stream(conn), self._tasks, "watching a stream connection", log)
             return self.stream
 
     async def _watch_stream(self, conn: ServerConnection) -> None:
@@ -163,7 +165,7 @@ class _ServerLink:
                     host, int(port), on_message=self._on_rpc_message
                 )
                 conn = self.rpc
-                asyncio.get_running_loop().create_task(self._watch_rpc(conn))
+                spawn(self._watch_rpc(conn), self._tasks, "watching an RPC connection", log)
             return self.rpc
 
     async def _watch_rpc(self, conn: ServerConnection) -> None:

@@ -18,6 +18,7 @@ from .cluster.admin import new_client_id, read_params
 from .cluster.metadata import ClusterParams, MetadataError, Ownership, ServerRegistration
 from .cluster.paths import ClusterPaths
 from .cluster.zk import close, connect
+from .tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class ClusterView:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
         self._server_loads = 0
+        self._tasks: set[asyncio.Task] = set()  # loads of the live servers
 
     async def start(self) -> None:
         """Connect, read the cluster and this client's unique ID, and start watching.
@@ -130,7 +132,7 @@ class ClusterView:
             if load_number == self._server_loads:  # a newer change may have finished first
                 self._set_servers(servers)
 
-        asyncio.get_running_loop().create_task(load())
+        spawn(load(), self._tasks, "reading the live servers", log)
 
     def _set_servers(self, servers: dict[str, ServerRegistration]) -> None:
         self.servers = servers

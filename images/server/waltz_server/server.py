@@ -13,6 +13,7 @@ import asyncio
 import logging
 
 from waltz_client.cluster.metadata import ReplicaAssignment
+from waltz_client.tasks import spawn
 
 from .catch_up import CatchUpSettings
 from .config import ServerConfig
@@ -44,6 +45,7 @@ class WaltzServer:
         self._changes: asyncio.Queue[None] = asyncio.Queue()
         self._listener: asyncio.Server | None = None
         self._reconciler: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()  # partitions being stopped
 
     # --- listening ----------------------------------------------------------------------
 
@@ -88,14 +90,24 @@ class WaltzServer:
         """Stop serving at once; ownership is re-read when a new session starts."""
         self._owned = {}
         for partition in list(self.partitions.values()):
-            asyncio.get_running_loop().create_task(self._stop(partition, "ZooKeeper session lost"))
+            spawn(
+                self._stop(partition, "ZooKeeper session lost"),
+                self._background,
+                f"stopping partition {partition.partition_id}",
+                log,
+            )
         self.partitions.clear()
 
     def superseded(self, partition_id: int, reason: str) -> None:
         partition = self.partitions.get(partition_id)
         if partition is not None:
             self.partitions.pop(partition_id, None)
-            asyncio.get_running_loop().create_task(self._stop(partition, reason))
+            spawn(
+                self._stop(partition, reason),
+                self._background,
+                f"stopping partition {partition_id}",
+                log,
+            )
 
     async def _stop(self, partition: Partition, reason: str) -> None:
         log.info("partition %d: stopping: %s", partition.partition_id, reason)
