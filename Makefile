@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,local]'
+	$(PY) -m pip install --quiet -e '.[dev,local,operator]'
 	touch $(STAMP)
 
 ## run: the demo: a bank on a local cluster (embedded ZooKeeper, 3 storage nodes, 2 servers)
