@@ -1,0 +1,314 @@
+"""The Kubernetes objects a WaltzCluster wants, computed from its spec. Pure.
+
+Storage nodes: a headless Service and a StatefulSet (one volume each; the pods' stable
+names are their addresses in the replica assignment; ``OnDelete`` updates, because the
+operator rolls storage itself, one pod at a time while every partition keeps a
+majority). Servers: a client Service and a Deployment (one at a time, never fewer than
+wanted). A PodDisruptionBudget per tier, settings in ConfigMaps, hardened pods (non-root,
+read-only root filesystem, no privilege escalation, no capabilities), and owner
+references to the WaltzCluster so that deleting it deletes them (volumes follow
+``retainVolumes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .spec import (
+    SERVER_HTTP_PORT,
+    SERVER_PORT,
+    STORAGE_HTTP_PORT,
+    STORAGE_PORT,
+    ClusterSpec,
+    TierSpec,
+)
+
+API_VERSION = "waltz.io/v1alpha1"
+KIND = "WaltzCluster"
+RUN_AS = 10001
+DATA = "/var/lib/waltz/storage"
+
+Manifest = dict[str, Any]
+
+
+def labels(spec: ClusterSpec, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "waltz",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "waltz",
+        "app.kubernetes.io/managed-by": "waltz-operator",
+    }
+
+
+def selector(spec: ClusterSpec, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def selector_string(spec: ClusterSpec, component: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(spec, component).items())
+
+
+def _metadata(spec: ClusterSpec, name: str, component: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": labels(spec, component),
+    }
+    if spec.uid:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": spec.name,
+                "uid": spec.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return meta
+
+
+def storage_majority_loss_budget(replicas_per_partition: int) -> int:
+    """Storage pods that may be down at once with every partition keeping a majority:
+    any two pods may hold replicas of the same partition."""
+    return (replicas_per_partition - 1) // 2
+
+
+# --- pods -------------------------------------------------------------------------------
+
+
+def _pod_security(tier: TierSpec) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    return {**base, **dict(tier.pod_security_context)}
+
+
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _pod_spec(
+    spec: ClusterSpec,
+    tier: TierSpec,
+    component: str,
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": _pod_security(tier),
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 60,
+    }
+    if tier.affinity:
+        pod["affinity"] = dict(tier.affinity)
+    if tier.tolerations:
+        pod["tolerations"] = [dict(t) for t in tier.tolerations]
+    if tier.topology_spread_constraints:
+        pod["topologySpreadConstraints"] = [
+            {"labelSelector": {"matchLabels": selector(spec, component)}, **dict(t)}
+            for t in tier.topology_spread_constraints
+        ]
+    if spec.image.pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in spec.image.pull_secrets]
+    return pod
+
+
+def _env(prefix: str, settings: Mapping[str, str]) -> list[dict[str, Any]]:
+    return [{"name": f"{prefix}{k.upper()}", "value": v} for k, v in sorted(settings.items())]
+
+
+# --- storage ----------------------------------------------------------------------------
+
+
+def storage_objects(spec: ClusterSpec) -> list[Manifest]:
+    name = spec.storage_service
+    tier = spec.storage
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, name, "storage"),
+        "spec": {
+            "clusterIP": "None",
+            # Peers resolve a storage pod's name before it is ready (recovery, catch-up).
+            "publishNotReadyAddresses": True,
+            "selector": selector(spec, "storage"),
+            "ports": [
+                {"name": "storage", "port": STORAGE_PORT, "targetPort": STORAGE_PORT},
+                {"name": "http", "port": STORAGE_HTTP_PORT, "targetPort": STORAGE_HTTP_PORT},
+            ],
+        },
+    }
+    env = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "WALTZ_STORAGE_ZOOKEEPER", "value": spec.zookeeper},
+        {"name": "WALTZ_STORAGE_ZK_ROOT", "value": spec.zk_root},
+        {"name": "WALTZ_STORAGE_DIRECTORY", "value": DATA},
+        {"name": "WALTZ_STORAGE_PORT", "value": str(STORAGE_PORT)},
+        {"name": "WALTZ_STORAGE_HTTP_PORT", "value": str(STORAGE_HTTP_PORT)},
+        {
+            "name": "WALTZ_STORAGE_ADVERTISED_ADDRESS",
+            "value": f"$(POD_NAME).{name}.{spec.namespace}.svc:{STORAGE_PORT}",
+        },
+        *_env("WALTZ_STORAGE_", tier.settings),
+    ]
+    container = {
+        "name": "storage",
+        "image": spec.image.of("storage"),
+        "imagePullPolicy": spec.image.pull_policy,
+        "env": env,
+        "ports": [
+            {"name": "storage", "containerPort": STORAGE_PORT},
+            {"name": "http", "containerPort": STORAGE_HTTP_PORT},
+        ],
+        # Opening checks every record: give a large log time before liveness counts.
+        "startupProbe": _probe("/healthz", STORAGE_HTTP_PORT, 5, 360),
+        "readinessProbe": _probe("/readyz", STORAGE_HTTP_PORT, 5, 3),
+        "livenessProbe": _probe("/healthz", STORAGE_HTTP_PORT, 10, 6),
+        "resources": dict(tier.resources),
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [
+            {"name": "data", "mountPath": DATA},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    claim: dict[str, Any] = {
+        "metadata": {"name": "data", "labels": labels(spec, "storage")},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": tier.size}},
+        },
+    }
+    if tier.storage_class_name:
+        claim["spec"]["storageClassName"] = tier.storage_class_name
+    policy = "Retain" if spec.retain_volumes else "Delete"
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(spec, name, "storage"),
+        "spec": {
+            "serviceName": name,
+            "replicas": tier.replicas,
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},  # the operator rolls, quorum-aware
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": policy, "whenScaled": policy},
+            "selector": {"matchLabels": selector(spec, "storage")},
+            "template": {
+                "metadata": {"labels": labels(spec, "storage")},
+                "spec": _pod_spec(
+                    spec, tier, "storage", container, [{"name": "tmp", "emptyDir": {}}]
+                ),
+            },
+            "volumeClaimTemplates": [claim],
+        },
+    }
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(spec, name, "storage"),
+        "spec": {
+            "maxUnavailable": storage_majority_loss_budget(spec.replicas_per_partition),
+            "selector": {"matchLabels": selector(spec, "storage")},
+        },
+    }
+    return [service, statefulset, budget]
+
+
+# --- servers ----------------------------------------------------------------------------
+
+
+def server_objects(spec: ClusterSpec) -> list[Manifest]:
+    name = f"{spec.name}-server"
+    tier = spec.server
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, spec.name, "server"),
+        "spec": {
+            "selector": selector(spec, "server"),
+            "ports": [{"name": "client", "port": SERVER_PORT, "targetPort": SERVER_PORT}],
+        },
+    }
+    env = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "WALTZ_SERVER_ZOOKEEPER", "value": spec.zookeeper},
+        {"name": "WALTZ_SERVER_ZK_ROOT", "value": spec.zk_root},
+        {"name": "WALTZ_SERVER_SERVER_ID", "value": "$(POD_NAME)"},
+        {"name": "WALTZ_SERVER_ADVERTISED_HOST", "value": "$(POD_IP)"},
+        {"name": "WALTZ_SERVER_PORT", "value": str(SERVER_PORT)},
+        {"name": "WALTZ_SERVER_HTTP_PORT", "value": str(SERVER_HTTP_PORT)},
+        *_env("WALTZ_SERVER_", tier.settings),
+    ]
+    container = {
+        "name": "server",
+        "image": spec.image.of("server"),
+        "imagePullPolicy": spec.image.pull_policy,
+        "env": env,
+        "ports": [
+            {"name": "client", "containerPort": SERVER_PORT},
+            {"name": "http", "containerPort": SERVER_HTTP_PORT},
+        ],
+        "readinessProbe": _probe("/readyz", SERVER_HTTP_PORT, 5, 3),
+        "livenessProbe": _probe("/healthz", SERVER_HTTP_PORT, 10, 6),
+        "resources": dict(tier.resources),
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(spec, name, "server"),
+        "spec": {
+            "replicas": tier.replicas,
+            # One at a time, never fewer than wanted: partitions move with generations.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "selector": {"matchLabels": selector(spec, "server")},
+            "template": {
+                "metadata": {"labels": labels(spec, "server")},
+                "spec": _pod_spec(
+                    spec, tier, "server", container, [{"name": "tmp", "emptyDir": {}}]
+                ),
+            },
+        },
+    }
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(spec, name, "server"),
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": selector(spec, "server")}},
+    }
+    return [service, deployment, budget]
+
+
+def desired_objects(spec: ClusterSpec) -> list[Manifest]:
+    """Every object the cluster wants, storage first."""
+    return [*storage_objects(spec), *server_objects(spec)]

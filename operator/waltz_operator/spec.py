@@ -1,0 +1,162 @@
+"""A WaltzCluster's spec as the operator reads it: defaults applied, types checked. Pure.
+
+The API server already applies the CRD's defaults and refuses what its schema and CEL
+rules refuse; this reads the result into frozen dataclasses, so the rest of the operator
+never digs in dicts, and refuses (``SpecError``, naming the field) what reached it
+anyway (an older CRD, a resource written before a rule existed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+STORAGE_PORT = 55280
+STORAGE_HTTP_PORT = 55281
+SERVER_PORT = 55180
+SERVER_HTTP_PORT = 55181
+
+
+class SpecError(ValueError):
+    """The resource's spec cannot be reconciled; the message names the field."""
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    replicas: int
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    affinity: Mapping[str, Any] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    topology_spread_constraints: tuple[Mapping[str, Any], ...] = ()
+    pod_security_context: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, str] = field(default_factory=dict)
+    storage_class_name: str = ""  # storage only
+    size: str = "10Gi"  # storage only
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    repository: str = "ghcr.io/waltz-io"
+    tag: str = "0.1.0"
+    pull_policy: str = "IfNotPresent"
+    pull_secrets: tuple[str, ...] = ()
+
+    def of(self, component: str) -> str:
+        return f"{self.repository}/waltz-{component}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    namespace: str
+    uid: str
+    partitions: int
+    replicas_per_partition: int
+    zookeeper: str
+    zk_root: str
+    storage: TierSpec
+    server: TierSpec
+    image: ImageSpec
+    retain_volumes: bool = True
+    paused: bool = False
+
+    @property
+    def storage_service(self) -> str:
+        return f"{self.name}-storage"
+
+    def storage_pod(self, index: int) -> str:
+        return f"{self.name}-storage-{index}"
+
+    def storage_address(self, index: int) -> str:
+        """The address storage pod ``index`` has in the replica assignment: its stable
+        network name under the headless Service."""
+        return (
+            f"{self.storage_pod(index)}.{self.storage_service}.{self.namespace}.svc:{STORAGE_PORT}"
+        )
+
+    def storage_addresses(self, count: int | None = None) -> list[str]:
+        return [
+            self.storage_address(i)
+            for i in range(self.storage.replicas if count is None else count)
+        ]
+
+
+def _get(doc: Mapping[str, Any], key: str, kind: type, default: Any, where: str) -> Any:
+    value = doc.get(key, default)
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SpecError(f"{where}.{key} must be an integer, got {value!r}")
+    if kind is not int and not isinstance(value, kind):
+        raise SpecError(f"{where}.{key} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _tier(doc: Mapping[str, Any], where: str, default_replicas: int) -> TierSpec:
+    if not isinstance(doc, Mapping):
+        raise SpecError(f"{where} must be an object")
+    settings = _get(doc, "settings", dict, {}, where)
+    for key, value in settings.items():
+        if not isinstance(value, str):
+            raise SpecError(f"{where}.settings.{key} must be a string, got {value!r}")
+    replicas = _get(doc, "replicas", int, default_replicas, where)
+    if replicas < 1:
+        raise SpecError(f"{where}.replicas must be at least 1, got {replicas}")
+    return TierSpec(
+        replicas=replicas,
+        resources=_get(doc, "resources", dict, {}, where),
+        affinity=_get(doc, "affinity", dict, {}, where),
+        tolerations=tuple(_get(doc, "tolerations", list, [], where)),
+        topology_spread_constraints=tuple(_get(doc, "topologySpreadConstraints", list, [], where)),
+        pod_security_context=_get(doc, "podSecurityContext", dict, {}, where),
+        settings=dict(settings),
+        storage_class_name=_get(doc, "storageClassName", str, "", where),
+        size=_get(doc, "size", str, "10Gi", where),
+    )
+
+
+def parse(resource: Mapping[str, Any]) -> ClusterSpec:
+    """The spec of a WaltzCluster resource (a dict as the API returns it)."""
+    meta = resource.get("metadata") or {}
+    name, namespace = meta.get("name"), meta.get("namespace") or "default"
+    if not name:
+        raise SpecError("metadata.name is missing")
+    spec = resource.get("spec")
+    if not isinstance(spec, Mapping):
+        raise SpecError("spec is missing")
+    zk = spec.get("zookeeper")
+    if not isinstance(zk, Mapping) or not zk.get("connect"):
+        raise SpecError("spec.zookeeper.connect is required")
+    partitions = _get(spec, "partitions", int, 4, "spec")
+    rpp = _get(spec, "replicasPerPartition", int, 3, "spec")
+    if partitions < 1:
+        raise SpecError(f"spec.partitions must be at least 1, got {partitions}")
+    if rpp < 1 or rpp % 2 == 0:
+        raise SpecError(f"spec.replicasPerPartition must be odd and at least 1, got {rpp}")
+    storage = _tier(spec.get("storage", {}), "spec.storage", 3)
+    if storage.replicas < rpp:
+        raise SpecError(
+            f"spec.storage.replicas ({storage.replicas}) must be at least "
+            f"replicasPerPartition ({rpp})"
+        )
+    image = spec.get("image", {})
+    if not isinstance(image, Mapping):
+        raise SpecError("spec.image must be an object")
+    return ClusterSpec(
+        name=name,
+        namespace=namespace,
+        uid=meta.get("uid", ""),
+        partitions=partitions,
+        replicas_per_partition=rpp,
+        zookeeper=_get(zk, "connect", str, "", "spec.zookeeper"),
+        zk_root=zk.get("root") or f"/waltz/{namespace}/{name}",
+        storage=storage,
+        server=_tier(spec.get("server", {}), "spec.server", 2),
+        image=ImageSpec(
+            repository=_get(image, "repository", str, ImageSpec.repository, "spec.image"),
+            tag=_get(image, "tag", str, ImageSpec.tag, "spec.image"),
+            pull_policy=_get(image, "pullPolicy", str, ImageSpec.pull_policy, "spec.image"),
+            pull_secrets=tuple(_get(image, "pullSecrets", list, [], "spec.image")),
+        ),
+        retain_volumes=_get(spec, "retainVolumes", bool, True, "spec"),
+        paused=_get(spec, "paused", bool, False, "spec"),
+    )

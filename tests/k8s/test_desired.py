@@ -1,0 +1,201 @@
+"""The objects a WaltzCluster wants: valid for Kubernetes, hardened, and shaped for a
+quorum system (stable storage addresses, operator-driven storage rolls, budgets that
+keep every partition's majority)."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import kubernetes_validate
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from waltz_operator.desired import (
+    desired_objects,
+    selector_string,
+    storage_majority_loss_budget,
+)
+from waltz_operator.spec import SpecError, parse
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = {
+    p.stem: yaml.safe_load(p.read_text()) for p in (ROOT / "examples").glob("waltzcluster-*.yaml")
+}
+
+
+def resource(**spec) -> dict:
+    doc = copy.deepcopy(EXAMPLES["waltzcluster-minimal"])
+    doc["metadata"].update(namespace="prod", uid="8d0c1f4e-0000-4000-8000-000000000001")
+    doc["spec"].update(spec)
+    return doc
+
+
+SPECS = {
+    "minimal": resource(),
+    "production": {
+        **EXAMPLES["waltzcluster-production"],
+        "metadata": {**EXAMPLES["waltzcluster-production"]["metadata"], "uid": "u-1"},
+    },
+    "one-replica": resource(replicasPerPartition=1, storage={"replicas": 1}),
+    "five-replicas": resource(replicasPerPartition=5, storage={"replicas": 7}),
+    "drop-volumes": resource(retainVolumes=False, image={"pullSecrets": ["a", "b"]}),
+}
+
+
+def by_kind(objects: list[dict]) -> dict[str, list[dict]]:
+    kinds: dict[str, list[dict]] = {}
+    for o in objects:
+        kinds.setdefault(o["kind"], []).append(o)
+    return kinds
+
+
+@pytest.mark.parametrize("kubernetes", ["1.30.0", "1.34.0"])
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_object_is_valid_for_kubernetes(name, kubernetes):
+    for obj in desired_objects(parse(SPECS[name])):
+        kubernetes_validate.validate(obj, kubernetes, strict=True)
+
+
+def test_storage_nodes_are_addressed_by_their_stable_names():
+    spec = parse(resource(storage={"replicas": 4}))
+    assert spec.storage_addresses() == [
+        f"demo-storage-{i}.demo-storage.prod.svc:55280" for i in range(4)
+    ]
+    statefulset = by_kind(desired_objects(spec))["StatefulSet"][0]
+    env = {e["name"]: e for e in statefulset["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["WALTZ_STORAGE_ADVERTISED_ADDRESS"]["value"] == (
+        "$(POD_NAME).demo-storage.prod.svc:55280"
+    )
+    assert statefulset["spec"]["serviceName"] == "demo-storage"
+    service = next(
+        s
+        for s in by_kind(desired_objects(spec))["Service"]
+        if s["metadata"]["name"] == "demo-storage"
+    )
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
+
+
+def test_storage_is_rolled_by_the_operator_and_servers_one_at_a_time():
+    objects = by_kind(desired_objects(parse(resource())))
+    assert objects["StatefulSet"][0]["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    strategy = objects["Deployment"][0]["spec"]["strategy"]
+    assert strategy["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+
+
+@pytest.mark.parametrize(("replicas", "budget"), [(1, 0), (3, 1), (5, 2), (7, 3)])
+def test_the_storage_budget_keeps_every_partitions_majority(replicas, budget):
+    assert storage_majority_loss_budget(replicas) == budget
+    spec = parse(resource(replicasPerPartition=replicas, storage={"replicas": 7}))
+    pdbs = {
+        p["metadata"]["name"]: p["spec"]
+        for p in by_kind(desired_objects(spec))["PodDisruptionBudget"]
+    }
+    assert pdbs["demo-storage"]["maxUnavailable"] == budget
+    assert pdbs["demo-server"]["minAvailable"] == 1
+
+
+@given(st.integers(1, 7).filter(lambda r: r % 2 == 1), st.data())
+@settings(max_examples=50)
+def test_any_budgeted_set_of_down_pods_leaves_every_partition_a_majority(rpp, data):
+    """Whatever storage pods hold a partition's replicas, taking down at most the budget
+    of them leaves that partition a majority."""
+    budget = storage_majority_loss_budget(rpp)
+    pods = data.draw(st.integers(rpp, 12))
+    replicas = data.draw(
+        st.lists(st.integers(0, pods - 1), min_size=rpp, max_size=rpp, unique=True)
+    )
+    down = data.draw(st.lists(st.integers(0, pods - 1), max_size=budget, unique=True))
+    assert len([r for r in replicas if r not in down]) >= rpp // 2 + 1
+
+
+def test_pods_are_hardened():
+    for obj in desired_objects(parse(SPECS["production"])):
+        if obj["kind"] not in ("StatefulSet", "Deployment"):
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        assert pod["enableServiceLinks"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        (container,) = pod["containers"]
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        paths = {p["httpGet"]["path"] for k, p in container.items() if k.endswith("Probe")}
+        assert paths == {"/readyz", "/healthz"}
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert "/tmp" in mounts  # writable paths are volumes
+
+
+def test_everything_is_owned_by_the_resource_and_labelled():
+    spec = parse(resource())
+    for obj in desired_objects(spec):
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner["uid"] == spec.uid and owner["kind"] == "WaltzCluster" and owner["controller"]
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "demo"
+        assert labels["app.kubernetes.io/managed-by"] == "waltz-operator"
+    assert selector_string(spec, "storage") == (
+        "app.kubernetes.io/instance=demo,app.kubernetes.io/component=storage"
+    )
+
+
+@pytest.mark.parametrize(("retain", "policy"), [(True, "Retain"), (False, "Delete")])
+def test_volumes_follow_retain_volumes(retain, policy):
+    statefulset = by_kind(desired_objects(parse(resource(retainVolumes=retain))))["StatefulSet"][0]
+    assert statefulset["spec"]["persistentVolumeClaimRetentionPolicy"] == {
+        "whenDeleted": policy,
+        "whenScaled": policy,
+    }
+
+
+def test_user_settings_reach_the_daemons_as_their_variables():
+    spec = parse(SPECS["production"])
+    objects = by_kind(desired_objects(spec))
+    storage_env = {
+        e["name"]: e.get("value")
+        for e in objects["StatefulSet"][0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    server_env = {
+        e["name"]: e.get("value")
+        for e in objects["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert storage_env["WALTZ_STORAGE_SEGMENT_BYTES"] == "1GiB"
+    assert server_env["WALTZ_SERVER_LOCK_TABLE_SIZE"] == "1048576"
+    assert storage_env["WALTZ_STORAGE_ZK_ROOT"] == "/waltz/payments"
+    assert server_env["WALTZ_SERVER_ZOOKEEPER"].startswith("zk-0.zk.zookeeper.svc:2181,")
+    claim = objects["StatefulSet"][0]["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert claim["storageClassName"] == "fast-ssd"
+    assert claim["resources"]["requests"]["storage"] == "200Gi"
+
+
+def test_the_default_root_is_derived_from_namespace_and_name():
+    assert parse(resource()).zk_root == "/waltz/prod/demo"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda r: r["spec"].update(replicasPerPartition=2),
+            "spec.replicasPerPartition must be odd",
+        ),
+        (
+            lambda r: r["spec"].update(storage={"replicas": 2}),
+            "spec.storage.replicas (2) must be at least",
+        ),
+        (lambda r: r["spec"].pop("zookeeper"), "spec.zookeeper.connect is required"),
+        (lambda r: r["spec"].update(partitions="8"), "spec.partitions must be an integer"),
+        (
+            lambda r: r["spec"].update(server={"settings": {"x": 1}}),
+            "spec.server.settings.x must be a string",
+        ),
+    ],
+    ids=["even", "too-few-storage", "no-zookeeper", "string-partitions", "setting-type"],
+)
+def test_what_reached_the_operator_anyway_is_refused_naming_the_field(change, message):
+    doc = resource()
+    change(doc)
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse(doc)
