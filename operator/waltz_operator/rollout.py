@@ -1,0 +1,185 @@
+"""The operator's next safe step when it scales storage down or rolls storage pods. Pure.
+
+Each function looks at what is (the replica assignment, each partition's members: the
+replicas of its last writing session, caught up and in a session; the pods) and returns
+one step. The kopf handlers apply the step, wait for the world to change, and ask again;
+the same state always gives the same step, so a replayed event or an operator restart
+does no harm.
+
+**Scaling down** (Strimzi moves partition replicas off a broker before removing it):
+1. every partition held by a leaving node gets replicas on staying nodes until it has
+   ``replicas_per_partition`` there (least-loaded staying nodes first);
+2. wait until every replica of those partitions is a member (copied, taken into a
+   session) and no removed replica is one any more;
+3. take one leaving replica off each such partition (the admin library re-checks that
+   the last writing session keeps a majority), and go back to 2;
+4. once no partition holds or needs a leaving node, shrink the StatefulSet.
+When a partition cannot get enough replicas on the staying nodes, or has a single
+replica (moving it is never safe), the scale-down is refused and nothing moves.
+
+**Rolling storage pods** (CloudNativePG restarts replicas one at a time, never taking the
+majority away): one pod at a time, unready ones first; a ready pod only while every
+partition it holds keeps a majority of members without it, and only once every
+partition's replicas are all members again (the previous pod rejoined every session).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+def majority(n: int) -> int:
+    return n // 2 + 1
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    assigned: frozenset[str]  # storage addresses holding it in the assignment
+    members: frozenset[str]  # replicas of its last writing session (caught up, in session)
+
+
+# --- steps --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Assign:
+    """Add replicas: address -> partitions."""
+
+    replicas: Mapping[str, frozenset[int]]
+
+
+@dataclass(frozen=True)
+class Unassign:
+    """Take partitions off leaving nodes: address -> partitions."""
+
+    replicas: Mapping[str, frozenset[int]]
+
+
+@dataclass(frozen=True)
+class Wait:
+    reason: str
+    partitions: frozenset[int] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Shrink:
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Refuse:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    pod: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Done:
+    pass
+
+
+# --- scaling down -------------------------------------------------------------------------
+
+
+def next_scale_down_step(
+    addresses: Sequence[str],
+    target: int,
+    partitions: Mapping[int, PartitionState],
+    replicas_per_partition: int,
+) -> Assign | Wait | Unassign | Shrink | Refuse | Done:
+    """``addresses``: the storage pods' addresses in ordinal order (pod i at index i);
+    the StatefulSet keeps the first ``target``."""
+    if target >= len(addresses):
+        return Done()
+    if target < replicas_per_partition:
+        return Refuse(
+            f"{target} storage nodes cannot hold {replicas_per_partition} replicas of each "
+            f"partition"
+        )
+    staying, leaving = list(addresses[:target]), set(addresses[target:])
+    affected = {p: s for p, s in partitions.items() if (s.assigned | s.members) & leaving}
+    if replicas_per_partition == 1 and affected:
+        return Refuse(
+            f"partitions {sorted(affected)} have a single replica: moving it off a storage "
+            f"node leaves a moment where its only copy's vote is needed on a node that is "
+            f"going; use replicasPerPartition 3 or more"
+        )
+
+    # 1. Enough replicas on the staying nodes.
+    load = {a: sum(1 for s in partitions.values() if a in s.assigned) for a in staying}
+    additions: dict[str, set[int]] = {}
+    for p, state in sorted(affected.items()):
+        holders = state.assigned - leaving
+        need = replicas_per_partition - len(holders)
+        free = [a for a in staying if a not in holders]
+        if need > len(free):
+            return Refuse(
+                f"partition {p} would have {len(holders) + len(free)} replicas on the "
+                f"{target} remaining storage nodes, fewer than {replicas_per_partition}"
+            )
+        for address in sorted(free, key=lambda a: (load[a], staying.index(a)))[: max(0, need)]:
+            additions.setdefault(address, set()).add(p)
+            load[address] += 1
+    if additions:
+        return Assign({a: frozenset(ps) for a, ps in sorted(additions.items())})
+
+    # 2. Every replica caught up and in a session, and no removed node's vote still
+    # counted (a session since recorded the smaller set).
+    unsettled = frozenset(p for p, s in affected.items() if s.assigned != s.members)
+    if unsettled:
+        return Wait("replicas are being copied, or sessions recording the new sets", unsettled)
+
+    # 3. One leaving replica off each partition at a time: its last session's remaining
+    # members then stay a majority of that session's set (the admin's rule).
+    removals: dict[str, set[int]] = {}
+    for p, state in sorted(affected.items()):
+        going = sorted(state.assigned & leaving, key=addresses.index)
+        if going:
+            removals.setdefault(going[-1], set()).add(p)
+    if removals:
+        return Unassign({a: frozenset(ps) for a, ps in sorted(removals.items())})
+    return Shrink(target)
+
+
+# --- rolling storage pods -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodState:
+    name: str
+    address: str
+    ready: bool
+    current: bool  # runs the wanted revision
+
+
+def next_pod_to_restart(
+    pods: Iterable[PodState], partitions: Mapping[int, PartitionState]
+) -> Restart | Wait | Done:
+    pods = list(pods)
+    outdated = [p for p in pods if not p.current]
+    if not outdated:
+        return Done()
+    unready = [p for p in outdated if not p.ready]
+    if unready:  # down already: restarting it takes nothing away
+        return Restart(unready[0].name, "not ready: restarted first")
+    not_ready = [p.name for p in pods if not p.ready]
+    if not_ready:
+        return Wait(f"waiting for {', '.join(not_ready)} to be ready")
+    behind = frozenset(p for p, s in partitions.items() if not s.assigned <= s.members)
+    if behind:
+        return Wait("waiting for every replica to rejoin its partition's session", behind)
+    for pod in sorted(outdated, key=lambda p: p.name, reverse=True):
+        short = frozenset(
+            p
+            for p, s in partitions.items()
+            if pod.address in s.assigned
+            and len(s.members - {pod.address}) < majority(len(s.assigned))
+        )
+        if not short:
+            return Restart(pod.name, "every partition it holds keeps a majority without it")
+    return Wait("no pod can restart without a partition losing its majority")
