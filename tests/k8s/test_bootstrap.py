@@ -1,0 +1,84 @@
+"""CreateCluster for a WaltzCluster against a real ZooKeeper: created once, adopted on
+every later call (also after the operator scaled storage), and a different cluster at
+the same root refused with what differs, nothing written."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import pytest
+import yaml
+
+from waltz_client.cluster import admin
+from waltz_client.cluster.zk import close, connect
+from waltz_operator.bootstrap import Created, Refused, ensure_cluster
+from waltz_operator.spec import parse
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MINIMAL = yaml.safe_load((ROOT / "examples" / "waltzcluster-minimal.yaml").read_text())
+
+
+@pytest.fixture
+def zk(zookeeper):
+    client = connect(zookeeper.connect_string, timeout=10.0)
+    try:
+        yield client
+    finally:
+        close(client)
+
+
+def spec_at(root: str, **changes):
+    doc = copy.deepcopy(MINIMAL)
+    doc["metadata"]["namespace"] = "prod"
+    doc["spec"]["zookeeper"]["root"] = root
+    doc["spec"].update(changes)
+    return parse(doc)
+
+
+def test_created_once_then_adopted(zk, zk_root):
+    spec = spec_at(zk_root)
+    first = ensure_cluster(zk, spec)
+    assert isinstance(first, Created) and not first.adopted
+    state = admin.read_cluster(zk, zk_root)
+    assert state.params.name == "prod/demo"
+    assert (state.params.num_partitions, state.params.num_replicas) == (4, 3)
+    assert sorted(state.assignment.storages) == sorted(spec.storage_addresses())
+    assert state.assignment.problems(4, 3) == []
+    again = ensure_cluster(zk, spec)  # a replayed event, or an operator restart
+    assert again == Created(first.key, adopted=True)
+
+
+def test_adopted_after_the_operator_scaled_storage(zk, zk_root):
+    spec = spec_at(zk_root)
+    key = ensure_cluster(zk, spec).key
+    admin.add_storage(zk, zk_root, spec.storage_address(3), partitions={0})
+    assert ensure_cluster(zk, spec_at(zk_root, storage={"replicas": 4})) == Created(key, True)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"partitions": 8}, "partitions is 4, the resource wants 8"),
+        ({"replicasPerPartition": 5, "storage": {"replicas": 5}}, "replicasPerPartition is 3"),
+    ],
+    ids=["partitions", "replicas"],
+)
+def test_a_different_cluster_is_refused_and_nothing_written(zk, zk_root, changes, words):
+    ensure_cluster(zk, spec_at(zk_root))
+    before = admin.read_cluster(zk, zk_root)
+    result = ensure_cluster(zk, spec_at(zk_root, **changes))
+    assert isinstance(result, Refused) and words in result.reason
+    assert f"a different cluster is at {zk_root}" in result.reason
+    after = admin.read_cluster(zk, zk_root)
+    assert (after.params, after.assignment) == (before.params, before.assignment)
+
+
+def test_another_resource_at_the_same_root_is_refused(zk, zk_root):
+    ensure_cluster(zk, spec_at(zk_root))
+    other = copy.deepcopy(MINIMAL)
+    other["metadata"].update(name="other", namespace="prod")
+    other["spec"]["zookeeper"]["root"] = zk_root
+    result = ensure_cluster(zk, parse(other))
+    assert isinstance(result, Refused)
+    assert "its name is prod/demo, the resource wants prod/other" in result.reason
