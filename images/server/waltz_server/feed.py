@@ -1,0 +1,101 @@
+"""A feed: one connection's stream of a partition's committed transaction headers.
+
+From the client's high-water mark on, in order, from the feed cache or from storage;
+Mount and Flush answers are queued on it behind the transactions they cover. One task
+per feed, so a slow reader waits for its own socket and stalls nobody else. A feed that
+fails ends its subscription and tells its client (Feed Suspended).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
+
+from waltz_client.wire.client_messages import encode_feed_data
+from waltz_client.wire.errors import describe
+from waltz_client.wire.records import ReqId
+
+if TYPE_CHECKING:
+    from .partition import Partition
+
+log = logging.getLogger(__name__)
+
+
+class State(Enum):
+    RECOVERING = "recovering"
+    ACTIVE = "active"
+    STOPPED = "stopped"
+
+
+class ClientConnection(Protocol):
+    """What a partition needs of a client connection (server.py implements it)."""
+
+    closed: bool
+
+    def send(self, frame: bytes) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    async def drained(self) -> None: ...
+
+    def mounted_seq(self, client_id: int, partition_id: int) -> int | None: ...
+
+    def mark_mounted(self, client_id: int, partition_id: int, connection_seq: int) -> None: ...
+
+
+class Subscription:
+    """A connection's feed of one partition, from ``cursor`` on, with mount and flush
+    answers queued behind the transactions they cover."""
+
+    def __init__(
+        self,
+        partition: Partition,
+        connection: ClientConnection,
+        req_id: ReqId,
+        client_high_water_mark: int,
+        mounted: bool = False,
+    ) -> None:
+        self.mounted = mounted  # by a Mount (answers flushes), not a read-only Feed request
+        self.partition = partition
+        self.connection = connection
+        self.req_id = req_id
+        self.cursor = client_high_water_mark + 1
+        self.markers: deque[tuple[int, bytes]] = deque()
+        self.wake = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def add_marker(self, through: int, frame: bytes) -> None:
+        """Send ``frame`` once the feed has delivered every transaction up to ``through``."""
+        self.markers.append((through, frame))
+        self.wake.set()
+
+    async def _run(self) -> None:
+        p = self.partition
+        try:
+            while not self.connection.closed:
+                hwm = p.high_water_mark
+                if self.cursor <= hwm and p.state == State.ACTIVE:
+                    stop = min(hwm, self.cursor + p.settings.feed_batch - 1)
+                    headers = await p.read_headers(self.cursor, stop)
+                    if headers:
+                        self.connection.send(encode_feed_data(self.req_id, headers))
+                        self.cursor += len(headers)
+                        p.feed_sent += len(headers)
+                        await self.connection.drained()
+                        continue
+                while self.markers and self.markers[0][0] < self.cursor:
+                    self.connection.send(self.markers.popleft()[1])
+                self.wake.clear()
+                if self.cursor <= p.high_water_mark and p.state == State.ACTIVE:
+                    continue
+                await self.wake.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug: end this feed, and say so to its client
+            log.exception("partition %d: feed to a client failed", p.partition_id)
+            p.end_subscription(self, f"feed failed: {describe(e)}")
