@@ -60,6 +60,15 @@ def _roles(cluster) -> tuple[list[str], str, str, dict[str, int]]:
     return holders, holders[0], d, {address: i for i, address in enumerate(addresses)}
 
 
+async def _a_new_reader_sees_the_same_log(cluster, client: PartitionClient) -> None:
+    reader = PartitionClient(cluster, 0)
+    await reader.mount()
+    await reader.wait_feed(client.high_water_mark)
+    assert reader.feed == client.feed
+    await client.close()
+    await reader.close()
+
+
 async def _write(client: PartitionClient, n: int, tag: bytes) -> int:
     for i in range(n):
         client.append(tag + b"-%d" % i)
@@ -113,12 +122,7 @@ def test_removing_a_member_waits_for_the_new_replica_then_never_wedges(make_clus
         client.suspended.clear()
         await client.mount()
         assert await _write(client, 50, b"third") >= hwm + 50
-        reader = PartitionClient(cluster, 0)
-        await reader.mount()
-        await reader.wait_feed(client.high_water_mark)
-        assert reader.feed == client.feed
-        await client.close()
-        await reader.close()
+        await _a_new_reader_sees_the_same_log(cluster, client)
 
     asyncio.run(scenario())
 
@@ -170,11 +174,6 @@ def test_a_removed_member_still_votes_when_the_remaining_ones_disagree(make_clus
         await asyncio.to_thread(
             wait_for, lambda: 0 not in _served_partitions(cluster, index[a]), 60, "A lets go"
         )
-        reader = PartitionClient(cluster, 0)
-        await reader.mount()
-        await reader.wait_feed(client.high_water_mark)
-        assert reader.feed == client.feed
-        await client.close()
-        await reader.close()
+        await _a_new_reader_sees_the_same_log(cluster, client)
 
     asyncio.run(scenario())
