@@ -88,3 +88,25 @@ def test_a_new_replica_is_copied_in_the_background_and_joins(make_cluster):
     assert lengths.count(max(lengths)) == 4, lengths  # every replica holds the whole log
     for records in logs[1:]:
         assert records == logs[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--load", "2"], "--load must be in (0, 1], got 2.0"),
+        (["--transactions", "0"], "--transactions must be at least 1, got 0"),
+        (["--size", "-1"], "--size must be at least 0, got -1"),
+    ],
+)
+def test_the_benchmark_names_a_bad_argument(args, message):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "waltz_client.cli", "server", "bench-catch-up", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout.strip() == f"waltz server bench-catch-up: error: {message}"

@@ -195,12 +195,15 @@ async def _drive(cluster: LocalCluster, args: argparse.Namespace) -> dict:
 
 
 def cmd_bench_catch_up(args: argparse.Namespace) -> int:
-    if args.transactions < 1 or args.size < 0 or not 0 < args.load <= 1:
-        print(
-            "waltz server bench-catch-up: error: --transactions must be at least 1, "
-            "--size at least 0, --load in (0, 1]"
-        )
-        return 2
+    problems = [
+        (args.transactions < 1, f"--transactions must be at least 1, got {args.transactions}"),
+        (args.size < 0, f"--size must be at least 0, got {args.size}"),
+        (not 0 < args.load <= 1, f"--load must be in (0, 1], got {args.load}"),
+    ]
+    for bad, message in problems:
+        if bad:
+            print(f"waltz server bench-catch-up: error: {message}")
+            return 2
     with tempfile.TemporaryDirectory(prefix="waltz-bench-") as tmp:
         cluster = LocalCluster(
             args.data_dir or os.path.join(tmp, "cluster"),
