@@ -36,6 +36,16 @@ def metric(cluster, name: str, partition: int = 0) -> float:
     raise AssertionError(f"no {prefix!r} in /metrics")
 
 
+def replica_metric(cluster, name: str, replica: str, partition: int = 0) -> float | None:
+    _, text = http_get(cluster, "/metrics")
+    labels = f'partition="{partition}",replica="{replica}"'
+    prefix = f"waltz_server_partition_replica_{name}{{{labels}}} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return None
+
+
 def test_a_full_queue_stops_reading_the_socket_until_storage_catches_up(make_cluster):
     cluster = make_cluster(
         server_args=["--max-queue", "200", "--max-in-flight", "2", "--max-batch-bytes", "65536"]
@@ -91,10 +101,17 @@ def test_metrics_health_and_readiness_follow_the_quorum(make_cluster):
     assert metric(cluster, "waltz_server_partition_committed_total") >= 25
     assert metric(cluster, "waltz_server_partition_generation") >= 1
 
+    addresses = cluster.layout.storage_addresses
+    for address in addresses:  # every replica in the session, holding every commit
+        assert replica_metric(cluster, "in_session", address) == 1
+        assert replica_metric(cluster, "lag", address) == 0
+
     cluster.storages[2].kill()
     asyncio.run(write(5))  # a write notices the lost replica and starts a new session
     wait_for(lambda: metric(cluster, "waltz_server_partition_live_replicas") == 2, 30, "2 live")
     assert metric(cluster, "waltz_server_partition_quorum") == 1
+    assert replica_metric(cluster, "in_session", addresses[2]) == 0
+    assert replica_metric(cluster, "in_session", addresses[0]) == 1
     cluster.storages[1].kill()
     asyncio.run(_append_without_waiting(cluster))
     wait_for(lambda: http_get(cluster, "/healthz")[0] == 503, 30, "unhealthy")

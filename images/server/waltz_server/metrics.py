@@ -102,5 +102,22 @@ class _PartitionCollector(Collector):
                 ("data_cache_misses", part.data_cache.misses),
             ):
                 c[n].add_metric(label, v)
+        in_session = GaugeMetricFamily(
+            "waltz_server_partition_replica_in_session",
+            "1 when the replica is a member of the partition's running store session",
+            labels=["partition", "replica"],
+        )
+        lag = GaugeMetricFamily(
+            "waltz_server_partition_replica_lag",
+            "Committed transactions the replica does not hold yet (absent: unknown)",
+            labels=["partition", "replica"],
+        )
+        for p, part in sorted(self._server.partitions.items()):
+            for address, (member, held) in sorted(part.replica_positions().items()):
+                in_session.add_metric([str(p), address], 1 if member else 0)
+                if held is not None:
+                    lag.add_metric([str(p), address], max(0, part.high_water_mark - held))
         yield from g.values()
         yield from c.values()
+        yield in_session
+        yield lag

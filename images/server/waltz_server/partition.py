@@ -167,6 +167,20 @@ class Partition:
     def queue_size(self) -> int:
         return len(self._queue)
 
+    def replica_positions(self) -> dict[str, tuple[bool, int | None]]:
+        """Each assigned replica: (a member of the running store session, the highest
+        transaction ID it holds as far as this server knows; None: unknown)."""
+        session = self.session
+        out: dict[str, tuple[bool, int | None]] = {}
+        for address in self.context.replicas:
+            if session is not None and not session.failed and address in session.members:
+                out[address] = (True, session.core.members[address].acked)
+            elif address in self._catch_ups and not self._catch_ups[address].task.done():
+                out[address] = (False, self._catch_ups[address].progress.copied_through)
+            else:
+                out[address] = (False, None)
+        return out
+
     @property
     def healthy(self) -> bool:
         return self.state == State.ACTIVE
