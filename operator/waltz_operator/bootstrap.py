@@ -3,7 +3,8 @@
 The cluster's name in ZooKeeper is ``<namespace>/<name>``, its root the spec's. A cluster
 already at the root with the same name, partition count and replicas per partition is
 adopted, whatever its storage nodes now are (the operator changes those when it scales);
-a different one is refused, with what differs, and nothing is written. CreateCluster
+one with another name is refused and nothing is written; this resource's own cluster with
+another partition count or replica count is reported as an unsupported change. CreateCluster
 itself is one ZooKeeper transaction, so an operator that dies midway leaves either
 nothing or the whole cluster.
 """
@@ -35,25 +36,38 @@ def cluster_name(spec: ClusterSpec) -> str:
     return f"{spec.namespace}/{spec.name}"
 
 
-def ensure_cluster(zk: KazooClient, spec: ClusterSpec) -> Created | Refused:
-    """Create the cluster (blocking ZooKeeper calls: run it off the event loop)."""
+@dataclass(frozen=True)
+class Unsupported:
+    """This resource's cluster exists, but the spec asks for a change the log cannot make
+    (its partition count or replicas per partition)."""
+
+    key: str
+    reason: str
+
+
+def ensure_cluster(zk: KazooClient, spec: ClusterSpec) -> Created | Refused | Unsupported:
+    """Create the cluster, or adopt it (blocking ZooKeeper calls: run it off the loop)."""
     paths = ClusterPaths.of(spec.zk_root)
     if zk.exists(paths.cluster):
         existing = read_params(zk, spec.zk_root)
+        if existing.name != cluster_name(spec):
+            return Refused(
+                f"a different cluster, {existing.name!r}, is at {paths.root} in ZooKeeper; "
+                f"nothing was changed: give this resource another spec.zookeeper.root"
+            )
         diffs = [
-            f"{label} is {have}, the resource wants {want}"
+            f"{label} is {have}, the resource asks for {want}"
             for label, have, want in (
-                ("its name", existing.name, cluster_name(spec)),
                 ("partitions", existing.num_partitions, spec.partitions),
                 ("replicasPerPartition", existing.num_replicas, spec.replicas_per_partition),
             )
             if have != want
         ]
         if diffs:
-            return Refused(
-                f"a different cluster is at {paths.root} in ZooKeeper: {'; '.join(diffs)}. "
-                f"Nothing was changed; use another spec.zookeeper.root, or change the spec "
-                f"back (changing partitions or replicasPerPartition is not supported yet)"
+            return Unsupported(
+                str(existing.key),
+                f"the cluster's {'; '.join(diffs)}: changing these is not supported yet; "
+                f"the cluster keeps running as it is (set the spec back to clear this)",
             )
         return Created(str(existing.key), adopted=True)
     result = create_cluster(

@@ -183,3 +183,52 @@ def next_pod_to_restart(
         if not short:
             return Restart(pod.name, "every partition it holds keeps a majority without it")
     return Wait("no pod can restart without a partition losing its majority")
+
+
+# --- balancing (after scaling up) ---------------------------------------------------------
+
+
+def next_rebalance_step(
+    addresses: Sequence[str],
+    partitions: Mapping[int, PartitionState],
+    replicas_per_partition: int,
+) -> Assign | Wait | Unassign | Done:
+    """Spread replicas evenly over ``addresses`` (the storage nodes in the assignment), a
+    move at a time as in a scale-down: a partition first gets a replica on a light node,
+    and once every replica of it is a member, loses the one on the heaviest node."""
+    load = {a: sum(1 for s in partitions.values() if a in s.assigned) for a in addresses}
+    order = {a: i for i, a in enumerate(addresses)}
+
+    over = {p: s for p, s in partitions.items() if len(s.assigned) > replicas_per_partition}
+    if over:
+        settled = {p: s for p, s in over.items() if s.assigned <= s.members}
+        if not settled:
+            return Wait("new replicas are being copied", frozenset(over))
+        removals: dict[str, set[int]] = {}
+        for p, state in sorted(settled.items()):
+            heaviest = max(state.assigned, key=lambda a: (load.get(a, 0), order.get(a, -1)))
+            removals.setdefault(heaviest, set()).add(p)
+        return Unassign({a: frozenset(ps) for a, ps in sorted(removals.items())})
+
+    additions: dict[str, set[int]] = {}
+    moved: set[int] = set()
+    while True:
+        light = min(addresses, key=lambda a: (load[a], order[a]))
+        heavy = max(addresses, key=lambda a: (load[a], -order[a]))
+        if load[heavy] - load[light] <= 1:
+            break
+        candidates = [
+            p
+            for p, s in sorted(partitions.items())
+            if heavy in s.assigned and light not in s.assigned and p not in moved
+        ]
+        if not candidates:
+            break
+        p = candidates[0]
+        additions.setdefault(light, set()).add(p)
+        moved.add(p)
+        load[light] += 1
+        load[heavy] -= 1
+    if additions:
+        return Assign({a: frozenset(ps) for a, ps in sorted(additions.items())})
+    return Done()

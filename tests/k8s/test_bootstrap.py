@@ -12,7 +12,7 @@ import yaml
 
 from waltz_client.cluster import admin
 from waltz_client.cluster.zk import close, connect
-from waltz_operator.bootstrap import Created, Refused, ensure_cluster
+from waltz_operator.bootstrap import Created, Refused, Unsupported, ensure_cluster
 from waltz_operator.spec import parse
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -59,17 +59,17 @@ def test_adopted_after_the_operator_scaled_storage(zk, zk_root):
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"partitions": 8}, "partitions is 4, the resource wants 8"),
+        ({"partitions": 8}, "partitions is 4, the resource asks for 8"),
         ({"replicasPerPartition": 5, "storage": {"replicas": 5}}, "replicasPerPartition is 3"),
     ],
     ids=["partitions", "replicas"],
 )
-def test_a_different_cluster_is_refused_and_nothing_written(zk, zk_root, changes, words):
-    ensure_cluster(zk, spec_at(zk_root))
+def test_an_unsupported_change_is_reported_and_nothing_written(zk, zk_root, changes, words):
+    key = ensure_cluster(zk, spec_at(zk_root)).key
     before = admin.read_cluster(zk, zk_root)
     result = ensure_cluster(zk, spec_at(zk_root, **changes))
-    assert isinstance(result, Refused) and words in result.reason
-    assert f"a different cluster is at {zk_root}" in result.reason
+    assert isinstance(result, Unsupported) and words in result.reason
+    assert result.key == key and "not supported" in result.reason
     after = admin.read_cluster(zk, zk_root)
     assert (after.params, after.assignment) == (before.params, before.assignment)
 
@@ -81,4 +81,4 @@ def test_another_resource_at_the_same_root_is_refused(zk, zk_root):
     other["spec"]["zookeeper"]["root"] = zk_root
     result = ensure_cluster(zk, parse(other))
     assert isinstance(result, Refused)
-    assert "its name is prod/demo, the resource wants prod/other" in result.reason
+    assert "a different cluster, 'prod/demo', is at" in result.reason

@@ -1,0 +1,123 @@
+"""The kopf handlers: thin; every decision is in reconcile.py and the pure modules.
+
+``register(registry, config)`` puts them in a registry (a fresh one per operator, so
+tests run several side by side). A WaltzCluster is reconciled when it is created,
+changed or found at start-up, and every ``reconcile_interval`` seconds (the world moves
+without events: pods become ready, replicas catch up, a storage node dies). Status is
+written through the status subresource, only when it changed; kopf keeps its own
+bookkeeping in ``waltz.io/`` annotations, not in status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from aiohttp import web
+
+from .kube import Connection, KubeApi
+from .metrics import OperatorMetrics
+from .reconcile import Event, Reconciler, ReconcileSettings
+
+GROUP, VERSION, PLURAL = "waltz.io", "v1alpha1", "waltzclusters"
+PREFIX = "waltz.io"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OperatorConfig:
+    connection: Connection
+    reconcile_interval: float = 10.0
+    delete_timeout: float = 300.0
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 8080  # None: no metrics endpoint
+    reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
+    # Filled at start-up:
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    reconciler: Reconciler | None = None
+    kube: KubeApi | None = None
+    runner: web.AppRunner | None = None
+    metrics_url: str | None = None
+
+
+def post(body: Mapping[str, Any], events: list[Event]) -> None:
+    for event in events:
+        (log.warning if event.type == "Warning" else log.info)(
+            "%s/%s: %s: %s",
+            body["metadata"].get("namespace"),
+            body["metadata"].get("name"),
+            event.reason,
+            event.message,
+        )
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    resource = {"group": GROUP, "version": VERSION, "plural": PLURAL, "registry": registry}
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=PREFIX, key="last-handled-configuration"
+        )
+        settings.persistence.finalizer = f"{PREFIX}/finalizer"
+        settings.posting.level = logging.INFO
+        config.kube = KubeApi(config.connection)
+        config.reconciler = Reconciler(config.kube, config.metrics, config.reconcile)
+        if config.metrics_port is not None:
+            config.runner = web.AppRunner(config.metrics.app())
+            await config.runner.setup()
+            site = web.TCPSite(config.runner, config.metrics_host, config.metrics_port)
+            await site.start()
+            port = config.runner.addresses[0][1]
+            config.metrics_url = f"http://{config.metrics_host}:{port}/metrics"
+            log.info("metrics on %s", config.metrics_url)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        if config.reconciler is not None:
+            await config.reconciler.close()
+        if config.kube is not None:
+            await config.kube.close()
+        if config.runner is not None:
+            await config.runner.cleanup()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        c = config.connection
+        return kopf.ConnectionInfo(
+            server=c.server,
+            token=c.token,
+            ca_path=c.ca_file,
+            certificate_path=c.cert_file,
+            private_key_path=c.key_file,
+            insecure=c.insecure or None,
+        )
+
+    async def reconcile(body: kopf.Body, **_: Any) -> None:
+        assert config.reconciler is not None and config.kube is not None
+        outcome = await config.reconciler.reconcile(body)
+        post(body, outcome.events)
+        if dict(body.get("status") or {}) != outcome.status:
+            await config.kube.patch(
+                "WaltzCluster",
+                body["metadata"]["namespace"],
+                body["metadata"]["name"],
+                {"status": outcome.status},
+                subresource="status",
+            )
+
+    kopf.on.create(**resource, id="reconcile-created")(reconcile)
+    kopf.on.update(**resource, id="reconcile-changed")(reconcile)
+    kopf.on.resume(**resource, id="reconcile-resumed")(reconcile)
+    kopf.timer(**resource, id="reconcile-timer", interval=config.reconcile_interval)(reconcile)
+
+    @kopf.on.delete(**resource)
+    async def delete(body: kopf.Body, **_: Any) -> None:
+        assert config.reconciler is not None
+        post(body, await config.reconciler.delete(body, config.delete_timeout))

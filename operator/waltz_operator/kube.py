@@ -1,0 +1,204 @@
+"""A small asyncio client for the Kubernetes API: the handful of calls the operator makes.
+
+kopf watches the WaltzCluster resources; this client reads and writes what they own.
+Credentials come from the same place as kopf's (``connection_from_environment``: the
+pod's service account, else a kubeconfig), and objects are written with server-side
+apply (field manager ``waltz-operator``), so the operator owns exactly the fields it
+sets and a re-apply of the same object changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp
+
+FIELD_MANAGER = "waltz-operator"
+
+# kind -> (API path prefix, plural)
+RESOURCES = {
+    "Service": ("api/v1", "services"),
+    "ConfigMap": ("api/v1", "configmaps"),
+    "Pod": ("api/v1", "pods"),
+    "PersistentVolumeClaim": ("api/v1", "persistentvolumeclaims"),
+    "Event": ("api/v1", "events"),
+    "StatefulSet": ("apis/apps/v1", "statefulsets"),
+    "Deployment": ("apis/apps/v1", "deployments"),
+    "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),
+    "WaltzCluster": ("apis/waltz.io/v1alpha1", "waltzclusters"),
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"Kubernetes API answered {status}: {message}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Connection:
+    server: str
+    token: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure: bool = False
+
+
+def connection_from_environment(
+    kubeconfig: str | None = None, context: str | None = None
+) -> Connection:
+    """The in-cluster service account if there is one, else the kubeconfig (``$KUBECONFIG``
+    or ``~/.kube/config``), read by the official client's loaders."""
+    from kubernetes import config
+    from kubernetes.client import Configuration
+
+    cfg = Configuration()
+    try:
+        if kubeconfig is not None:
+            raise config.ConfigException("a kubeconfig was given")
+        config.load_incluster_config(client_configuration=cfg)
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    auth = (cfg.api_key or {}).get("authorization") or ""
+    token = auth.removeprefix("Bearer ").strip() or None
+    return Connection(
+        server=cfg.host,
+        token=token,
+        ca_file=cfg.ssl_ca_cert,
+        cert_file=cfg.cert_file,
+        key_file=cfg.key_file,
+        insecure=not cfg.verify_ssl,
+    )
+
+
+def object_path(kind: str, namespace: str | None, name: str | None = None) -> str:
+    if kind not in RESOURCES:
+        raise ValueError(f"the operator does not manage {kind} objects")
+    prefix, plural = RESOURCES[kind]
+    ns = f"/namespaces/{quote(namespace)}" if namespace else ""
+    return f"/{prefix}{ns}/{plural}" + (f"/{quote(name)}" if name else "")
+
+
+class KubeApi:
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        headers = {"Accept": "application/json"}
+        if connection.token:
+            headers["Authorization"] = f"Bearer {connection.token}"
+        ssl_context: ssl.SSLContext | bool = False
+        if connection.server.startswith("https"):
+            if connection.insecure:
+                ssl_context = ssl.create_default_context()
+                ssl_context.check_hostname = False
+                ssl_context.verify_mode = ssl.CERT_NONE
+            else:
+                ssl_context = ssl.create_default_context(cafile=connection.ca_file)
+            if connection.cert_file:
+                ssl_context.load_cert_chain(connection.cert_file, connection.key_file)
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            connector=aiohttp.TCPConnector(ssl=ssl_context),
+            timeout=aiohttp.ClientTimeout(total=30),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+    ) -> Any:
+        url = self.connection.server.rstrip("/") + path
+        if query:
+            url += "?" + urlencode(query)
+        data = json.dumps(body) if body is not None else None
+        headers = {"Content-Type": content_type} if data is not None else {}
+        async with self._session.request(method, url, data=data, headers=headers) as response:
+            text = await response.text()
+            if response.status >= 400:
+                try:
+                    message = json.loads(text).get("message", text)
+                except (ValueError, AttributeError):
+                    message = text
+                raise ApiError(response.status, message.strip() or response.reason or "")
+            return json.loads(text) if text else None
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> dict | None:
+        """The object, or None if there is none."""
+        try:
+            return await self._call("GET", object_path(kind, namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def list(
+        self, kind: str, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> list[dict]:
+        query = (
+            {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
+        )
+        answer = await self._call("GET", object_path(kind, namespace), query=query)
+        items = (answer or {}).get("items", [])
+        if labels:  # an emulator may ignore the selector; the filter is cheap
+            items = [
+                i
+                for i in items
+                if all(
+                    (i.get("metadata", {}).get("labels") or {}).get(k) == v
+                    for k, v in labels.items()
+                )
+            ]
+        return items
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict:
+        """Server-side apply (creates the object if it is missing)."""
+        meta = obj["metadata"]
+        path = object_path(obj["kind"], meta.get("namespace"), meta["name"])
+        try:
+            return await self._call(
+                "PATCH",
+                path,
+                obj,
+                "application/apply-patch+yaml",  # JSON is YAML
+                {"fieldManager": FIELD_MANAGER, "force": "true"},
+            )
+        except ApiError as e:
+            if e.status != 404:  # an API server without apply (an emulator): create it
+                raise
+            return await self._call("POST", object_path(obj["kind"], meta.get("namespace")), obj)
+
+    async def patch(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> dict:
+        path = object_path(kind, namespace, name) + (f"/{subresource}" if subresource else "")
+        return await self._call("PATCH", path, patch, "application/merge-patch+json")
+
+    async def delete(self, kind: str, namespace: str | None, name: str) -> bool:
+        """Delete it (its dependents in the background); False if it was gone."""
+        try:
+            await self._call(
+                "DELETE",
+                object_path(kind, namespace, name),
+                {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+            )
+            return True
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise

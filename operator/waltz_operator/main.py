@@ -1,0 +1,126 @@
+"""``waltz-operator``: run the WaltzCluster operator (kopf, in this process).
+
+    waltz-operator --namespace waltz            # one namespace (repeatable)
+    waltz-operator --all-namespaces
+    waltz-operator --kubeconfig ~/.kube/config --context kind-waltz --namespace default
+
+Credentials: the pod's service account inside a cluster, else the kubeconfig. Without
+``--namespace`` or ``--all-namespaces`` it watches ``$WALTZ_WATCH_NAMESPACE`` (comma
+separated), else its own pod's namespace. Bad arguments exit 2 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+
+import kopf
+
+from .handlers import OperatorConfig, register
+from .kube import connection_from_environment
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port (0-65535): {text!r}")
+    return int(text)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="waltz-operator", description="Reconcile WaltzCluster resources."
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", default=[], help="watch it")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch them all")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, $KUBECONFIG)")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address of /metrics, /healthz")
+    p.add_argument("--metrics-port", type=_port, default=8080, help="0: any free port")
+    p.add_argument(
+        "--reconcile-interval", type=_positive, default=10.0, help="seconds between looks"
+    )
+    p.add_argument(
+        "--delete-timeout",
+        type=_positive,
+        default=300.0,
+        help="seconds a deletion may take before the finalizer goes anyway",
+    )
+    p.add_argument("--verbose", "-v", action="store_true")
+    return p
+
+
+def namespaces(args: argparse.Namespace) -> list[str] | None:
+    """The namespaces to watch; None: all of them."""
+    if args.all_namespaces:
+        return None
+    if args.namespace:
+        return args.namespace
+    env = [n.strip() for n in os.environ.get("WALTZ_WATCH_NAMESPACE", "").split(",") if n.strip()]
+    if env:
+        return env
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+            return [f.read().strip()]
+    except OSError:
+        raise SystemExit(
+            "waltz-operator: say which namespaces to watch: --namespace NS or --all-namespaces"
+        ) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        scope = namespaces(args)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
+    try:
+        connection = connection_from_environment(args.kubeconfig, args.context)
+    except Exception as e:  # the loaders raise several kinds; all mean the same here
+        print(f"waltz-operator: no Kubernetes credentials: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    kopf.configure(verbose=args.verbose)
+    config = OperatorConfig(
+        connection=connection,
+        reconcile_interval=args.reconcile_interval,
+        delete_timeout=args.delete_timeout,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+    )
+    registry = kopf.OperatorRegistry()
+    register(registry, config)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(
+            kopf.operator(
+                registry=registry,
+                standalone=True,
+                clusterwide=scope is None,
+                namespaces=scope or (),
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

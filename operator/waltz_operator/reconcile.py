@@ -1,0 +1,546 @@
+"""One reconcile of a WaltzCluster: observe, take the next safe step, report.
+
+The decisions are the pure functions of desired.py, rollout.py, bootstrap.py and
+status.py; this module reads the world (the Kubernetes objects, the cluster's quorum
+state from its monitor), applies what they decide, and returns the new status and the
+Events to post. It is level-triggered: each call looks at everything afresh, takes at
+most one step of a scale or a roll, and the next call (the next event, or the timer)
+takes the next. The same world twice gives the same step, so a replayed event is
+harmless.
+
+Order of a reconcile (nothing of it while paused, except the status):
+1. apply the objects the spec wants, keeping the storage StatefulSet at its current size
+   while a scale-down moves replicas away;
+2. CreateCluster (or adopt it) once ZooKeeper answers;
+3. scaling down: the next step of ``next_scale_down_step``; scaling up: new storage
+   nodes join the assignment once their pods are ready, then replicas are spread to
+   them (``next_rebalance_step``);
+4. rolling storage: delete the next pod ``next_pod_to_restart`` names (the StatefulSet
+   recreates it with the new template);
+5. the status, from what was observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from waltz_client.cluster import admin
+from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.wire.errors import describe
+
+from .bootstrap import Created, Refused, Unsupported, cluster_name, ensure_cluster
+from .desired import desired_objects, selector
+from .kube import KubeApi
+from .metrics import OperatorMetrics
+from .monitor import ClusterMonitor, MonitorSettings
+from .observe import ClusterView
+from .rollout import (
+    Assign,
+    Done,
+    PodState,
+    Refuse,
+    Restart,
+    Shrink,
+    Unassign,
+    Wait,
+    next_pod_to_restart,
+    next_rebalance_step,
+    next_scale_down_step,
+)
+from .spec import STORAGE_HTTP_PORT, ClusterSpec, SpecError, parse
+from .status import Observed, compute_status
+
+log = logging.getLogger(__name__)
+
+PAUSE_ANNOTATION = "waltz.io/paused"
+REVISION_LABEL = "controller-revision-hash"
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    busy: bool = False  # a step is under way: look again soon
+
+
+def is_paused(body: Mapping[str, Any], spec: ClusterSpec) -> bool:
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    return spec.paused or str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true"
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return condition.get("status") == "True"
+    return False
+
+
+def _ordinal(pod: Mapping[str, Any]) -> int:
+    return int(pod["metadata"]["name"].rsplit("-", 1)[1])
+
+
+def default_storage_http(address: str) -> str:
+    """A storage node's readiness URL: its pod's stable name, the HTTP port."""
+    host = address.rsplit(":", 1)[0]
+    return f"http://{host}:{STORAGE_HTTP_PORT}/readyz"
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)
+    zk_timeout: float = 10.0
+    # A storage node's readiness URL from its address (tests map it to local ports).
+    storage_http: Callable[[str], str | None] = default_storage_http
+
+
+class Reconciler:
+    """Owns each cluster's monitor and ZooKeeper connection across reconciles."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        metrics: OperatorMetrics,
+        settings: ReconcileSettings | None = None,
+        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+    ) -> None:
+        self.kube = kube
+        self.metrics = metrics
+        self.settings = settings or ReconcileSettings()
+        self.clock = clock
+        self.monitors: dict[str, ClusterMonitor] = {}
+        self._zk: dict[str, KazooClient] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def close(self) -> None:
+        for monitor in self.monitors.values():
+            await monitor.close()
+        self.monitors.clear()
+        for zk in self._zk.values():
+            await asyncio.to_thread(close, zk)
+        self._zk.clear()
+
+    # --- shared resources --------------------------------------------------------------
+
+    def monitor(self, spec: ClusterSpec) -> ClusterMonitor:
+        key = cluster_name(spec)
+        figures = self.metrics.figures(key)
+        monitor = self.monitors.get(key)
+        if monitor is not None and (monitor.connect_string, monitor.root) != (
+            spec.zookeeper,
+            spec.zk_root,
+        ):
+            asyncio.get_running_loop().create_task(monitor.close())
+            monitor = None
+        if monitor is None:
+
+            def on_view(view: ClusterView | None, m_key: str = key) -> None:
+                figures.view = view
+                m = self.monitors.get(m_key)
+                figures.zookeeper_reachable = m is not None and m.zookeeper_error is None
+
+            monitor = ClusterMonitor(
+                spec.zookeeper,
+                spec.zk_root,
+                self.settings.storage_http,
+                self.settings.monitor,
+                on_view,
+            )
+            self.monitors[key] = monitor
+        return monitor
+
+    async def _zookeeper(self, connect_string: str) -> KazooClient:
+        zk = self._zk.get(connect_string)
+        if zk is not None and zk.connected:
+            return zk
+        if zk is not None:
+            await asyncio.to_thread(close, zk)
+        zk = await asyncio.to_thread(connect, connect_string, self.settings.zk_timeout)
+        self._zk[connect_string] = zk
+        return zk
+
+    async def _admin(self, spec: ClusterSpec, call: Callable[..., Any], *args: Any) -> Any:
+        zk = await self._zookeeper(spec.zookeeper)
+        return await asyncio.to_thread(call, zk, spec.zk_root, *args)
+
+    # --- reconcile -----------------------------------------------------------------------
+
+    async def reconcile(self, body: Mapping[str, Any]) -> Outcome:
+        meta = body.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:  # a timer and an update handler may overlap
+            self.metrics.reconciles.labels(key).inc()
+            with self.metrics.reconcile_seconds.labels(key).time():
+                try:
+                    return await self._reconcile(body)
+                except Exception:
+                    self.metrics.reconcile_errors.labels(key).inc()
+                    raise
+
+    async def _reconcile(self, body: Mapping[str, Any]) -> Outcome:
+        generation = int((body.get("metadata") or {}).get("generation") or 0)
+        previous = body.get("status") or {}
+        now = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            spec = parse(body)
+        except SpecError as e:
+            return self._invalid(body, generation, previous, now, str(e))
+        paused = is_paused(body, spec)
+        spec = replace(spec, paused=paused)
+        monitor = self.monitor(spec)
+        if monitor.rounds == 0:
+            await monitor.next_view()
+        events: list[Event] = []
+        degraded: list[str] = []
+        progress: str | None = None
+        create_error: str | None = None
+        cluster_key: str | None = None
+
+        ns = spec.namespace
+        statefulset = await self.kube.get("StatefulSet", ns, spec.storage_service)
+        current = int(statefulset["spec"]["replicas"]) if statefulset else spec.storage.replicas
+        view = monitor.view
+
+        if not paused:
+            # 1. The objects; a scale-down keeps the current size until its last step.
+            storage_size = spec.storage.replicas
+            down: Any = None
+            if statefulset is not None and spec.storage.replicas < current:
+                down = (
+                    next_scale_down_step(
+                        spec.storage_addresses(current),
+                        spec.storage.replicas,
+                        view.rollout_states(),
+                        spec.replicas_per_partition,
+                    )
+                    if view is not None
+                    else Wait("waiting to see the cluster's quorum state")
+                )
+                storage_size = spec.storage.replicas if isinstance(down, Shrink) else current
+            sized = replace(spec, storage=replace(spec.storage, replicas=storage_size))
+            for obj in desired_objects(sized):
+                await self.kube.apply(obj)
+
+            # 2. CreateCluster, or adopt it.
+            if monitor.zookeeper_error is None:
+                try:
+                    result = await self._admin_ensure(spec)
+                except ClusterError as e:
+                    result = None
+                    create_error = str(e)
+                if isinstance(result, Created):
+                    cluster_key = result.key
+                    if not result.adopted:
+                        events.append(
+                            Event(
+                                "Normal",
+                                "ClusterCreated",
+                                f"created cluster {cluster_name(spec)} at {spec.zk_root}: "
+                                f"{spec.partitions} partitions x "
+                                f"{spec.replicas_per_partition} replicas, key {result.key}",
+                            )
+                        )
+                        monitor.refresh()
+                elif isinstance(result, Unsupported):
+                    cluster_key = result.key
+                    degraded.append(result.reason)
+                elif isinstance(result, Refused):
+                    create_error = result.reason
+                    degraded.append(result.reason)
+
+            # 3. Scaling.
+            if cluster_key is not None and view is not None and not degraded:
+                step_progress, step_events, step_refusal = await self._scale(
+                    spec, current, down, view
+                )
+                progress = step_progress
+                events += step_events
+                if step_refusal:
+                    degraded.append(step_refusal)
+
+            # 4. Rolling the storage pods.
+            if cluster_key is not None and view is not None and progress is None:
+                progress, roll_events = await self._roll(spec, statefulset, view)
+                events += roll_events
+        elif view is not None:
+            cluster_key = view.key
+
+        # 5. Status.
+        storage_pods = await self.kube.list("Pod", ns, selector(spec, "storage"))
+        deployment = await self.kube.get("Deployment", ns, f"{spec.name}-server")
+        storage_ready = sum(1 for p in storage_pods if pod_ready(p))
+        servers_ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+        figures = self.metrics.figures(cluster_name(spec))
+        figures.storage_ready, figures.storage_desired = storage_ready, spec.storage.replicas
+        figures.server_ready, figures.server_desired = servers_ready, spec.server.replicas
+        observed = Observed(
+            zookeeper_error=monitor.zookeeper_error,
+            cluster_key=cluster_key,
+            create_error=create_error,
+            storage_ready=storage_ready,
+            servers_ready=servers_ready,
+            partitions=tuple(view.status_partitions()) if view is not None else (),
+            progress=progress,
+            degraded=tuple(degraded),
+        )
+        status = compute_status(spec, generation, observed, previous, now)
+        events += self._refusal_events(previous, status)
+        self.metrics.refusals.labels(cluster_name(spec)).inc(
+            sum(1 for e in events if e.type == "Warning")
+        )
+        return Outcome(status, events, busy=progress is not None)
+
+    async def _admin_ensure(self, spec: ClusterSpec) -> Created | Refused | Unsupported:
+        zk = await self._zookeeper(spec.zookeeper)
+        return await asyncio.to_thread(ensure_cluster, zk, spec)
+
+    def _invalid(
+        self,
+        body: Mapping[str, Any],
+        generation: int,
+        previous: Mapping[str, Any],
+        now: str,
+        reason: str,
+    ) -> Outcome:
+        """A spec the schema let through but the operator cannot use: report, change
+        nothing."""
+        conditions = [
+            c for c in previous.get("conditions", []) if c.get("type") not in ("Degraded",)
+        ]
+        before = {c.get("type"): c for c in previous.get("conditions", [])}.get("Degraded", {})
+        moved = before.get("status") != "True"
+        conditions.append(
+            {
+                "type": "Degraded",
+                "status": "True",
+                "reason": "InvalidSpec",
+                "message": reason,
+                "observedGeneration": generation,
+                "lastTransitionTime": now if moved else before.get("lastTransitionTime", now),
+            }
+        )
+        events = (
+            [] if before.get("message") == reason else [Event("Warning", "InvalidSpec", reason)]
+        )
+        return Outcome(
+            {**previous, "observedGeneration": generation, "conditions": conditions}, events
+        )
+
+    def _refusal_events(
+        self, previous: Mapping[str, Any], status: Mapping[str, Any]
+    ) -> list[Event]:
+        """A Warning each time the Degraded message changes to a new refusal (not on every
+        reconcile while it lasts)."""
+        before = {c["type"]: c for c in previous.get("conditions", []) if "type" in c}
+        now = {c["type"]: c for c in status.get("conditions", [])}
+        d_now, d_before = now.get("Degraded", {}), before.get("Degraded", {})
+        if d_now.get("status") == "True" and d_now.get("message") != d_before.get("message"):
+            return [Event("Warning", "Refused", d_now["message"])]
+        return []
+
+    # --- scaling -----------------------------------------------------------------------
+
+    async def _scale(
+        self, spec: ClusterSpec, current: int, down: Any, view: ClusterView
+    ) -> tuple[str | None, list[Event], str | None]:
+        """(progress, events, refusal) of one scaling step."""
+        events: list[Event] = []
+        in_assignment = {a for p in view.partitions for a in p.assigned}
+        if down is not None:
+            if isinstance(down, Refuse):
+                return None, [], f"scale-down to {spec.storage.replicas} refused: {down.reason}"
+            if isinstance(down, Wait):
+                return f"scaling storage down: {down.reason}", [], None
+            if isinstance(down, Assign | Unassign):
+                return await self._move(spec, down, "scaling storage down")
+            if isinstance(down, Shrink):
+                leaving = spec.storage_addresses(current)[down.replicas :]
+                serving = sorted(a for a in leaving if a in view.still_serving)
+                if serving:
+                    return (
+                        f"scaling storage down: {', '.join(serving)} still serve a vote",
+                        [],
+                        None,
+                    )
+                for address in leaving:
+                    try:
+                        await self._admin(spec, admin.remove_storage, address)
+                    except ClusterError as e:
+                        if "not in the cluster" not in str(e):
+                            raise
+                events.append(
+                    Event(
+                        "Normal",
+                        "ScaledDown",
+                        f"storage scaled down from {current} to {down.replicas}; replicas "
+                        f"moved off {', '.join(leaving)}",
+                    )
+                )
+                return None, events, None
+            return None, [], None
+
+        # Scaling up: new nodes join the assignment once their pods are ready.
+        pods = await self.kube.list("Pod", spec.namespace, selector(spec, "storage"))
+        ready = {spec.storage_address(_ordinal(p)) for p in pods if pod_ready(p)}
+        wanted = spec.storage_addresses()
+        known = await self._assigned_nodes(spec)
+        new = [a for a in wanted if a not in known]
+        if new:
+            joining = [a for a in new if a in ready]
+            for address in joining:
+                await self._admin(spec, admin.add_storage, address)
+                events.append(Event("Normal", "StorageAdded", f"{address} joined the cluster"))
+            waiting = [a for a in new if a not in ready]
+            if waiting:
+                return (
+                    f"scaling storage up: waiting for {', '.join(waiting)} to be ready",
+                    events,
+                    None,
+                )
+            return "scaling storage up: new nodes joined", events, None
+
+        step = next_rebalance_step(
+            [a for a in wanted if a in known or a in in_assignment],
+            view.rollout_states(),
+            spec.replicas_per_partition,
+        )
+        if isinstance(step, Wait):
+            return f"balancing replicas: {step.reason}", events, None
+        if isinstance(step, Assign | Unassign):
+            return await self._move(spec, step, "balancing replicas")
+        return None, events, None
+
+    async def _assigned_nodes(self, spec: ClusterSpec) -> set[str]:
+        zk = await self._zookeeper(spec.zookeeper)
+        assignment, _ = await asyncio.to_thread(admin.read_assignment, zk, spec.zk_root)
+        return set(assignment.storages)
+
+    async def _move(
+        self, spec: ClusterSpec, step: Assign | Unassign, what: str
+    ) -> tuple[str | None, list[Event], str | None]:
+        events = []
+        call = admin.assign_partitions if isinstance(step, Assign) else admin.unassign_partitions
+        verb = "assigned to" if isinstance(step, Assign) else "taken off"
+        for address, partitions in sorted(step.replicas.items()):
+            try:
+                await self._admin(spec, call, address, set(partitions))
+            except ClusterError as e:  # the admin's own safety check: wait and look again
+                return f"{what}: {e}", events, None
+            events.append(
+                Event(
+                    "Normal",
+                    "ReplicasMoved",
+                    f"partitions {', '.join(map(str, sorted(partitions)))} {verb} {address}",
+                )
+            )
+        return f"{what}: replicas moving", events, None
+
+    # --- rolling -------------------------------------------------------------------------
+
+    async def _roll(
+        self, spec: ClusterSpec, statefulset: Mapping[str, Any] | None, view: ClusterView
+    ) -> tuple[str | None, list[Event]]:
+        if statefulset is None:
+            return None, []
+        revision = (statefulset.get("status") or {}).get("updateRevision")
+        if not revision:
+            return None, []
+        pods = await self.kube.list("Pod", spec.namespace, selector(spec, "storage"))
+        states = [
+            PodState(
+                name=p["metadata"]["name"],
+                address=spec.storage_address(_ordinal(p)),
+                ready=pod_ready(p),
+                current=(p["metadata"].get("labels") or {}).get(REVISION_LABEL) == revision,
+            )
+            for p in sorted(pods, key=_ordinal)
+        ]
+        step = next_pod_to_restart(states, view.rollout_states())
+        if isinstance(step, Done):
+            return None, []
+        if isinstance(step, Wait):
+            return f"rolling storage: {step.reason}", []
+        assert isinstance(step, Restart)
+        await self.kube.delete("Pod", spec.namespace, step.pod)
+        return f"rolling storage: restarted {step.pod}", [
+            Event("Normal", "RollingRestart", f"restarted {step.pod}: {step.reason}")
+        ]
+
+    # --- deletion ------------------------------------------------------------------------
+
+    async def delete(self, body: Mapping[str, Any], timeout: float) -> list[Event]:
+        """The resource is being deleted. With ``retainVolumes: false`` its pods, volumes
+        and ZooKeeper metadata go; otherwise only the operator's own state (the owned
+        objects are garbage-collected, the volumes and metadata stay). Never raises:
+        after ``timeout`` seconds it gives up and says what it left behind."""
+        try:
+            spec = parse(body)
+        except SpecError as e:
+            return [Event("Warning", "DeleteIncomplete", f"nothing cleaned up: {e}")]
+        key = cluster_name(spec)
+        monitor = self.monitors.pop(key, None)
+        if monitor is not None:
+            await monitor.close()
+        self.metrics.forget(key)
+        if spec.retain_volumes:
+            return [
+                Event(
+                    "Normal",
+                    "Retained",
+                    f"volumes and the ZooKeeper metadata at {spec.zk_root} are kept "
+                    f"(retainVolumes)",
+                )
+            ]
+        try:
+            await asyncio.wait_for(self._delete_everything(spec), timeout)
+        except (TimeoutError, Exception) as e:
+            why = f"timed out after {timeout:g} s" if isinstance(e, TimeoutError) else describe(e)
+            return [
+                Event(
+                    "Warning",
+                    "DeleteIncomplete",
+                    f"deletion gave up ({why}); check for leftover volumes labelled "
+                    f"app.kubernetes.io/instance={spec.name} and the ZooKeeper node "
+                    f"{spec.zk_root}",
+                )
+            ]
+        return [
+            Event(
+                "Normal",
+                "Deleted",
+                f"pods, volumes and the ZooKeeper metadata at {spec.zk_root} deleted",
+            )
+        ]
+
+    async def _delete_everything(self, spec: ClusterSpec) -> None:
+        ns = spec.namespace
+        await self.kube.delete("Deployment", ns, f"{spec.name}-server")
+        await self.kube.delete("StatefulSet", ns, spec.storage_service)
+        while await self.kube.list("Pod", ns, {"app.kubernetes.io/instance": spec.name}):
+            await asyncio.sleep(1.0)  # servers must be gone before their metadata goes
+        zk = await self._zookeeper(spec.zookeeper)
+        try:
+            await asyncio.to_thread(
+                admin.delete_cluster, zk, spec.zk_root, cluster_name(spec), True
+            )
+        except ClusterError as e:
+            if "no cluster" not in str(e).lower():
+                raise
+        for claim in await self.kube.list(
+            "PersistentVolumeClaim", ns, {"app.kubernetes.io/instance": spec.name}
+        ):
+            await self.kube.delete("PersistentVolumeClaim", ns, claim["metadata"]["name"])
