@@ -103,7 +103,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         assert config.reconciler is not None and config.kube is not None
         outcome = await config.reconciler.reconcile(body)
         post(body, outcome.events)
-        if dict(body.get("status") or {}) != outcome.status:
+        if outcome.status_changed:
             await config.kube.patch(
                 "WaltzCluster",
                 body["metadata"]["namespace"],

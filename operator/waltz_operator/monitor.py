@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import aiohttp
 from kazoo.client import KazooClient, KazooState
@@ -29,6 +30,7 @@ from waltz_client.wire.errors import describe
 from .observe import ClusterView, ServerPartition, combine, parse_server_metrics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class ClusterMonitor:
         self._read_done = 0  # the latest read whose round has finished
         self._watched: set[str] = set()
         self._watch_lock = threading.Lock()
+        self._busy = threading.Lock()  # held by a worker thread using the client
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._run(), name=f"monitor {root}")
 
@@ -75,11 +78,23 @@ class ClusterMonitor:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        await asyncio.to_thread(self._close_client)
+
+    def _close_client(self) -> None:
+        """Cancelling the task does not stop a read under way in its thread: let it
+        finish first (a kazoo request made as the client stops may never be answered,
+        leaving its thread, and asyncio.run's shutdown, waiting forever)."""
         with self._watch_lock:  # a connect still running in its thread closes its own
             self._closing = True
-            zk, self._zk = self._zk, None
+        finished = self._busy.acquire(timeout=self.settings.zk_timeout)
+        try:
+            with self._watch_lock:
+                zk, self._zk = self._zk, None
+        finally:
+            if finished:
+                self._busy.release()
         if zk is not None:
-            await asyncio.to_thread(close, zk)
+            close(zk)
 
     def refresh(self) -> None:
         """Read ZooKeeper and scrape now (after the operator changed something)."""
@@ -110,8 +125,8 @@ class ClusterMonitor:
                         stale = True
                         self._reads += 1
                         if self._zk is None:
-                            await asyncio.to_thread(self._connect)
-                        state = await asyncio.to_thread(self._read)
+                            await asyncio.to_thread(self._exclusive, self._connect)
+                        state = await asyncio.to_thread(self._exclusive, self._read)
                         stale = False
                     self.zookeeper_error = None
                     self.view = await self._scrape(http, state) if state is not None else None
@@ -135,9 +150,16 @@ class ClusterMonitor:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=pause)
 
+    def _exclusive(self, work: Callable[[], T]) -> T:
+        """In a worker thread: ``work``, while close() waits for it."""
+        with self._busy:
+            return work()
+
     def _connect(self) -> None:
         """In a worker thread: connect, follow the connection's state and the cluster
         node (the cluster may not exist yet)."""
+        if self._closing:
+            raise ClusterError("the monitor is closed")
         zk = connect(self.connect_string, self.settings.zk_timeout)
         with self._watch_lock:
             if self._closing:  # closed while we connected
@@ -154,7 +176,8 @@ class ClusterMonitor:
 
     def _read(self) -> ClusterState | None:
         zk = self._zk
-        assert zk is not None
+        if zk is None or self._closing:
+            raise ClusterError("the monitor is closed")
         if not zk.connected:
             raise ClusterError(f"ZooKeeper at {self.connect_string}: connection lost")
         if zk.exists(self.paths.cluster) is None:

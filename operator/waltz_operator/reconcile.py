@@ -23,6 +23,7 @@ Order of a reconcile (nothing of it while paused, except the status):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 from collections.abc import Callable, Mapping
@@ -75,6 +76,7 @@ class Outcome:
     status: dict[str, Any]
     events: list[Event] = field(default_factory=list)
     busy: bool = False  # a step is under way: look again soon
+    status_changed: bool = True  # differs from the last status written
 
 
 def is_paused(body: Mapping[str, Any], spec: ClusterSpec) -> bool:
@@ -124,14 +126,29 @@ class Reconciler:
         self.monitors: dict[str, ClusterMonitor] = {}
         self._zk: dict[str, KazooClient] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._closing = False
+        # The last status each cluster was given: newer than a body kopf delivers
+        # before the watch brings our own status write back.
+        self.statuses: dict[str, dict[str, Any]] = {}
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 30.0) -> None:
+        """Stop following every cluster. Reconciles under way finish first (for up to
+        ``grace`` seconds): closing a ZooKeeper client under a blocking call in a worker
+        thread can leave that thread waiting forever."""
+        if not self._closing:
+            self._closing = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._quiesce(), grace)
         for monitor in self.monitors.values():
             await monitor.close()
         self.monitors.clear()
         for zk in self._zk.values():
             await asyncio.to_thread(close, zk)
         self._zk.clear()
+
+    async def _quiesce(self) -> None:
+        for lock in list(self._locks.values()):
+            await lock.acquire()  # held: nothing new starts either
 
     # --- shared resources --------------------------------------------------------------
 
@@ -193,12 +210,17 @@ class Reconciler:
 
     async def _reconcile(self, body: Mapping[str, Any]) -> Outcome:
         generation = int((body.get("metadata") or {}).get("generation") or 0)
-        previous = body.get("status") or {}
+        meta = body.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        previous = self.statuses.get(key) or dict(body.get("status") or {})
         now = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
             spec = parse(body)
         except SpecError as e:
-            return self._invalid(body, generation, previous, now, str(e))
+            outcome = self._invalid(body, generation, previous, now, str(e))
+            outcome.status_changed = outcome.status != previous
+            self.statuses[key] = outcome.status
+            return outcome
         paused = is_paused(body, spec)
         spec = replace(spec, paused=paused)
         monitor = self.monitor(spec)
@@ -302,7 +324,8 @@ class Reconciler:
         self.metrics.refusals.labels(cluster_name(spec)).inc(
             sum(1 for e in events if e.type == "Warning")
         )
-        return Outcome(status, events, busy=progress is not None)
+        self.statuses[key] = status
+        return Outcome(status, events, busy=progress is not None, status_changed=status != previous)
 
     async def _admin_ensure(self, spec: ClusterSpec) -> Created | Refused | Unsupported:
         zk = await self._zookeeper(spec.zookeeper)
@@ -496,6 +519,7 @@ class Reconciler:
         if monitor is not None:
             await monitor.close()
         self.metrics.forget(key)
+        self.statuses.pop(key, None)
         if spec.retain_volumes:
             return [
                 Event(

@@ -106,6 +106,8 @@ async def running_operator(
             await asyncio.wait_for(task, 60)
         except Exception:
             logging.getLogger(__name__).exception("the operator did not stop cleanly")
+        if config.reconciler is not None:  # idempotent; kopf's cleanup may have run it
+            await config.reconciler.close()
 
 
 def create_cluster_object(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from kazoo.client import KazooClient
 from operator_harness import (
@@ -66,3 +68,179 @@ async def test_create_applies_the_objects_creates_the_cluster_and_reports(zookee
         assert params.name == f"{NS}/demo" and params.num_partitions == 4
         assert body["status"]["clusterKey"] == str(params.key)
         assert condition(body, "Ready")["status"] == "False"  # no pods run here
+
+
+def status_patches(api) -> list:
+    """(subresource, body) of every PATCH the operator sent to a WaltzCluster."""
+    out = []
+    for request in list(api):
+        path = str(request.url.path)
+        if request.method.name == "PATCH" and "/waltzclusters/" in path:
+            out.append((path.endswith("/status"), request.data))
+    return out
+
+
+def events(api, reason: str) -> list[dict]:
+    """Events the operator posted with this reason. (kmock stores one Event per name and
+    ignores generateName, so the posts are read from its request log.)"""
+    return [
+        request.data
+        for request in list(api)
+        if request.method.name == "POST"
+        and str(request.url.path).endswith("/events")
+        and (request.data or {}).get("reason") == reason
+    ]
+
+
+@pytest.mark.asyncio
+async def test_status_goes_through_the_subresource_and_replays_change_nothing(
+    zookeeper, zk, zk_root
+):
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS, interval=0.2):
+            await eventually(
+                lambda: (
+                    condition(obj(api, WZ, NS, "demo"), "ClusterCreated").get("status") == "True"
+                )
+            )
+            await asyncio.sleep(1.0)  # the monitor's first views settle
+            settled = len(status_patches(api))
+            body = obj(api, WZ, NS, "demo")
+            await asyncio.sleep(3.0)  # ~15 timer reconciles of an unchanged world
+            assert len(status_patches(api)) == settled
+            assert obj(api, WZ, NS, "demo")["status"] == body["status"]
+        for to_status, data in status_patches(api):
+            # kopf's own patches (annotations, finalizer) never carry status; ours only do
+            assert to_status == ("status" in (data or {})), data
+        assert admin.read_params(zk, zk_root).name == f"{NS}/demo"  # created once
+        assert len(events(api, "ClusterCreated")) == 1
+
+
+async def patch_spec(api, patch: dict, generation: int) -> None:
+    response = await api.patch(
+        f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo",
+        json={"metadata": {"generation": generation}, **patch},
+    )
+    assert response.status == 200, await response.text()
+
+
+@pytest.mark.asyncio
+async def test_an_update_rolls_out_and_a_pause_holds_every_change(zookeeper, zk, zk_root):
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS):
+
+            def image(kind: str, name: str) -> str:
+                found = obj(api, kind, NS, name)
+                return found["spec"]["template"]["spec"]["containers"][0]["image"] if found else ""
+
+            await eventually(lambda: image("apps/v1/deployments", "demo-server"))
+            await patch_spec(api, {"spec": {"image": {"tag": "0.2.0"}}}, 2)
+            await eventually(
+                lambda: image("apps/v1/statefulsets", "demo-storage").endswith(":0.2.0")
+            )
+            await eventually(lambda: image("apps/v1/deployments", "demo-server").endswith(":0.2.0"))
+
+            await patch_spec(
+                api,
+                {
+                    "metadata": {"annotations": {"waltz.io/paused": "true"}},
+                    "spec": {"image": {"tag": "0.3.0"}},
+                },
+                3,
+            )
+            await eventually(
+                lambda: (
+                    condition(obj(api, WZ, NS, "demo"), "Progressing").get("reason") == "Paused"
+                ),
+                what="Progressing=Paused",
+            )
+            await asyncio.sleep(2.0)  # several reconciles: nothing may change
+            assert image("apps/v1/statefulsets", "demo-storage").endswith(":0.2.0")
+
+            await patch_spec(api, {"metadata": {"annotations": {"waltz.io/paused": "false"}}}, 3)
+            await eventually(
+                lambda: image("apps/v1/statefulsets", "demo-storage").endswith(":0.3.0")
+            )
+
+
+@pytest.mark.asyncio
+async def test_an_unsafe_scale_down_is_refused_with_a_condition_and_an_event(
+    zookeeper, zk, zk_root
+):
+    doc = cluster_doc(zookeeper, zk_root, replicasPerPartition=1, storage={"replicas": 2})
+    async with kubernetes_api() as api:
+        create_cluster_object(api, doc)
+        async with running_operator(api, NS):
+            await eventually(
+                lambda: (
+                    condition(obj(api, WZ, NS, "demo"), "ClusterCreated").get("status") == "True"
+                )
+            )
+            await patch_spec(api, {"spec": {"storage": {"replicas": 1}}}, 2)
+            body = await eventually(
+                lambda: (
+                    (b := obj(api, WZ, NS, "demo"))
+                    and condition(b, "Degraded").get("status") == "True"
+                    and b
+                ),
+                what="Degraded",
+            )
+            assert "single replica" in condition(body, "Degraded")["message"]
+            await eventually(lambda: events(api, "Refused"), what="a Warning event")
+            await asyncio.sleep(1.0)
+            assert obj(api, "apps/v1/statefulsets", NS, "demo-storage")["spec"]["replicas"] == 2
+            assert len(events(api, "Refused")) == 1  # not one per reconcile
+        assert sorted(admin.read_assignment(zk, zk_root)[0].storages) == [
+            f"demo-storage-{i}.demo-storage.{NS}.svc:55280" for i in range(2)
+        ]
+
+
+@pytest.mark.asyncio
+async def test_another_cluster_at_the_root_is_refused_and_left_alone(zookeeper, zk, zk_root):
+    admin.create_cluster(zk, zk_root, "someone-else", 2, 1, ["10.0.0.1:55280"])
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS):
+            body = await eventually(
+                lambda: (
+                    (b := obj(api, WZ, NS, "demo"))
+                    and condition(b, "ClusterCreated").get("reason") == "Refused"
+                    and b
+                ),
+            )
+            assert "'someone-else'" in condition(body, "ClusterCreated")["message"]
+            assert condition(body, "Degraded")["status"] == "True"
+    assert admin.read_params(zk, zk_root).name == "someone-else"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("retain", [True, False], ids=["retain", "delete-everything"])
+async def test_delete_runs_the_finalizer(zookeeper, zk, zk_root, retain):
+    doc = cluster_doc(zookeeper, zk_root, retainVolumes=retain)
+    async with kubernetes_api() as api:
+        create_cluster_object(api, doc)
+        async with running_operator(api, NS) as config:
+            body = await eventually(
+                lambda: (
+                    (b := obj(api, WZ, NS, "demo"))
+                    and condition(b, "ClusterCreated").get("status") == "True"
+                    and b
+                )
+            )
+            assert "waltz.io/finalizer" in body["metadata"]["finalizers"]
+            response = await api.delete(
+                f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo"
+            )
+            assert response.status == 200
+            # kopf may first wait out a retry delay of a change handler (up to 60 s)
+            await eventually(
+                lambda: obj(api, WZ, NS, "demo") is None, 150, what="the finalizer to go"
+            )
+            assert config.reconciler is not None and not config.reconciler.monitors
+        if retain:
+            assert zk.exists(zk_root + "/cluster") and events(api, "Retained")
+        else:
+            assert not zk.exists(zk_root) and events(api, "Deleted")
+            assert obj(api, "apps/v1/statefulsets", NS, "demo-storage") is None
