@@ -244,3 +244,109 @@ async def test_delete_runs_the_finalizer(zookeeper, zk, zk_root, retain):
         else:
             assert not zk.exists(zk_root) and events(api, "Deleted")
             assert obj(api, "apps/v1/statefulsets", NS, "demo-storage") is None
+
+
+def play_pod(api, index: int, ready: bool, revision: str = "rev-1") -> None:
+    """A storage pod as the StatefulSet controller and the kubelet would leave it."""
+    api.objects["v1/pods", NS, f"demo-storage-{index}"] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"demo-storage-{index}",
+            "namespace": NS,
+            "labels": {
+                "app.kubernetes.io/instance": "demo",
+                "app.kubernetes.io/component": "storage",
+                "controller-revision-hash": revision,
+            },
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+@pytest.mark.asyncio
+async def test_scaling_up_adds_ready_nodes_then_moves_replicas_to_them(zookeeper, zk, zk_root):
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        for i in range(3):
+            play_pod(api, i, ready=True)
+        async with running_operator(api, NS):
+            await eventually(
+                lambda: (
+                    condition(obj(api, WZ, NS, "demo"), "ClusterCreated").get("status") == "True"
+                )
+            )
+            await patch_spec(api, {"spec": {"storage": {"replicas": 4}}}, 2)
+            await eventually(
+                lambda: (
+                    obj(api, "apps/v1/statefulsets", NS, "demo-storage")["spec"]["replicas"] == 4
+                )
+            )
+            new = f"demo-storage-3.demo-storage.{NS}.svc:55280"
+            await eventually(
+                lambda: (
+                    "waiting for " + new
+                    in condition(obj(api, WZ, NS, "demo"), "Progressing").get("message", "")
+                ),
+                what="waiting for the new pod",
+            )
+            assert new not in admin.read_assignment(zk, zk_root)[0].storages  # pods first
+            play_pod(api, 3, ready=True)
+            await eventually(
+                lambda: admin.read_assignment(zk, zk_root)[0].storages.get(new),
+                what="replicas assigned to the new node",
+            )
+            body = await eventually(
+                lambda: (
+                    (b := obj(api, WZ, NS, "demo"))
+                    and "balancing replicas" in condition(b, "Progressing").get("message", "")
+                    and b
+                )
+            )
+            assert condition(body, "Progressing")["status"] == "True"
+            # No server reports the copies in a session here, so nothing is taken off the
+            # old nodes: every partition keeps its three original replicas.
+            await asyncio.sleep(1.0)
+            assignment = admin.read_assignment(zk, zk_root)[0]
+            assert all(len(assignment.replicas_of(p)) >= 3 for p in range(4))
+
+
+@pytest.mark.asyncio
+async def test_a_roll_restarts_unready_pods_first_and_waits_for_quorum_evidence(
+    zookeeper, zk, zk_root
+):
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        play_pod(api, 0, ready=True)
+        play_pod(api, 1, ready=False)
+        play_pod(api, 2, ready=True)
+        async with running_operator(api, NS):
+            await eventually(
+                lambda: (
+                    condition(obj(api, WZ, NS, "demo"), "ClusterCreated").get("status") == "True"
+                )
+            )
+            # The StatefulSet controller would report a new template revision:
+            response = await api.patch(
+                f"/apis/apps/v1/namespaces/{NS}/statefulsets/demo-storage/status",
+                json={"status": {"updateRevision": "rev-2"}},
+            )
+            assert response.status == 200
+            await eventually(
+                lambda: obj(api, "v1/pods", NS, "demo-storage-1") is None,
+                what="the unready pod restarted",
+            )
+            body = await eventually(
+                lambda: (
+                    (b := obj(api, WZ, NS, "demo"))
+                    and "rolling storage" in condition(b, "Progressing").get("message", "")
+                    and b
+                )
+            )
+            # The ready pods hold partitions whose quorum no server has shown: they stay.
+            await asyncio.sleep(1.5)
+            assert obj(api, "v1/pods", NS, "demo-storage-0") is not None
+            assert obj(api, "v1/pods", NS, "demo-storage-2") is not None
+            assert "restarted demo-storage-1" in condition(body, "Progressing")["message"]
+            message = condition(obj(api, WZ, NS, "demo"), "Progressing")["message"]
+            assert "rolling storage: waiting" in message, message
