@@ -56,18 +56,23 @@ async def test_create_applies_the_objects_creates_the_cluster_and_reports(zookee
             assert sts["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
             await eventually(lambda: obj(api, "apps/v1/deployments", NS, "demo-server"))
             assert obj(api, "v1/services", NS, "demo")
-            body = await eventually(
-                lambda: (
-                    (b := obj(api, WZ, NS, "demo"))
-                    and condition(b, "ClusterCreated").get("status") == "True"
-                    and b
-                ),
-                what="ClusterCreated",
-            )
+            body = await until_created(api)
         params = admin.read_params(zk, zk_root)
         assert params.name == f"{NS}/demo" and params.num_partitions == 4
         assert body["status"]["clusterKey"] == str(params.key)
         assert condition(body, "Ready")["status"] == "False"  # no pods run here
+
+
+async def until_created(api) -> dict:
+    """The WaltzCluster once its status says the cluster was created."""
+    return await eventually(
+        lambda: (
+            (b := obj(api, WZ, NS, "demo"))
+            and condition(b, "ClusterCreated").get("status") == "True"
+            and b
+        ),
+        what="ClusterCreated",
+    )
 
 
 def status_patches(api) -> list:
@@ -99,11 +104,7 @@ async def test_status_goes_through_the_subresource_and_replays_change_nothing(
     async with kubernetes_api() as api:
         create_cluster_object(api, cluster_doc(zookeeper, zk_root))
         async with running_operator(api, NS, interval=0.2):
-            await eventually(
-                lambda: (
-                    condition(obj(api, WZ, NS, "demo"), "ClusterCreated").get("status") == "True"
-                )
-            )
+            await until_created(api)
             await asyncio.sleep(1.0)  # the monitor's first views settle
             settled = len(status_patches(api))
             body = obj(api, WZ, NS, "demo")
@@ -173,11 +174,7 @@ async def test_an_unsafe_scale_down_is_refused_with_a_condition_and_an_event(
     async with kubernetes_api() as api:
         create_cluster_object(api, doc)
         async with running_operator(api, NS):
-            await eventually(
-                lambda: (
-                    condition(obj(api, WZ, NS, "demo"), "ClusterCreated").get("status") == "True"
-                )
-            )
+            await until_created(api)
             await patch_spec(api, {"spec": {"storage": {"replicas": 1}}}, 2)
             body = await eventually(
                 lambda: (
@@ -222,13 +219,7 @@ async def test_delete_runs_the_finalizer(zookeeper, zk, zk_root, retain):
     async with kubernetes_api() as api:
         create_cluster_object(api, doc)
         async with running_operator(api, NS) as config:
-            body = await eventually(
-                lambda: (
-                    (b := obj(api, WZ, NS, "demo"))
-                    and condition(b, "ClusterCreated").get("status") == "True"
-                    and b
-                )
-            )
+            body = await until_created(api)
             assert "waltz.io/finalizer" in body["metadata"]["finalizers"]
             response = await api.delete(
                 f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo"
@@ -271,11 +262,7 @@ async def test_scaling_up_adds_ready_nodes_then_moves_replicas_to_them(zookeeper
         for i in range(3):
             play_pod(api, i, ready=True)
         async with running_operator(api, NS):
-            await eventually(
-                lambda: (
-                    condition(obj(api, WZ, NS, "demo"), "ClusterCreated").get("status") == "True"
-                )
-            )
+            await until_created(api)
             await patch_spec(api, {"spec": {"storage": {"replicas": 4}}}, 2)
             await eventually(
                 lambda: (
@@ -321,11 +308,7 @@ async def test_a_roll_restarts_unready_pods_first_and_waits_for_quorum_evidence(
         play_pod(api, 1, ready=False)
         play_pod(api, 2, ready=True)
         async with running_operator(api, NS):
-            await eventually(
-                lambda: (
-                    condition(obj(api, WZ, NS, "demo"), "ClusterCreated").get("status") == "True"
-                )
-            )
+            await until_created(api)
             # The StatefulSet controller would report a new template revision:
             response = await api.patch(
                 f"/apis/apps/v1/namespaces/{NS}/statefulsets/demo-storage/status",
