@@ -18,6 +18,8 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from waltz_client.wire.errors import describe
+
 from .kube import Connection, KubeApi
 from .metrics import OperatorMetrics
 from .reconcile import Event, Reconciler, ReconcileSettings
@@ -101,7 +103,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     async def reconcile(body: kopf.Body, **_: Any) -> None:
         assert config.reconciler is not None and config.kube is not None
-        outcome = await config.reconciler.reconcile(body)
+        try:
+            outcome = await config.reconciler.reconcile(body)
+        except Exception as e:  # a ZooKeeper or API hiccup: look again soon, not in 60 s
+            raise kopf.TemporaryError(
+                f"reconcile failed: {describe(e)}", delay=config.reconcile_interval
+            ) from e
         post(body, outcome.events)
         if outcome.status_changed:
             await config.kube.patch(
