@@ -196,6 +196,10 @@ def next_rebalance_step(
     """Spread replicas evenly over ``addresses`` (the storage nodes in the assignment), a
     move at a time as in a scale-down: a partition first gets a replica on a light node,
     and once every replica of it is a member, loses the one on the heaviest node."""
+    if replicas_per_partition == 1:
+        # Two replicas of a one-replica partition make a session whose majority is both:
+        # dropping either afterwards could lose its vote. Single replicas stay put.
+        return Done()
     load = {a: sum(1 for s in partitions.values() if a in s.assigned) for a in addresses}
     order = {a: i for i, a in enumerate(addresses)}
 

@@ -20,6 +20,7 @@ from waltz_operator.rollout import (
     Wait,
     majority,
     next_pod_to_restart,
+    next_rebalance_step,
     next_scale_down_step,
 )
 
@@ -199,3 +200,64 @@ def test_a_roll_keeps_every_majority_and_finishes(cluster):
         for p, s in partitions.items():
             assert len(s.members) >= majority(len(s.assigned)), (p, s)
     assert current == set(addresses)
+
+
+# --- balancing after a scale-up ----------------------------------------------------------------
+
+
+def test_a_new_node_gets_replicas_one_partition_at_a_time_then_the_heaviest_lose_theirs():
+    a = nodes(4)
+    partitions = {p: state(a[:3]) for p in range(4)}  # s3 is new and empty
+    step = next_rebalance_step(a, partitions, 3)
+    assert isinstance(step, Assign) and set(step.replicas) == {a[3]}
+    for p in step.replicas[a[3]]:
+        partitions[p] = state(set(a[:3]) | {a[3]}, a[:3])  # assigned, not yet copied
+    assert isinstance(next_rebalance_step(a, partitions, 3), Wait)
+    partitions = {p: state(s.assigned) for p, s in partitions.items()}  # copies done
+    step = next_rebalance_step(a, partitions, 3)
+    assert isinstance(step, Unassign) and a[3] not in step.replicas
+
+
+def test_a_balanced_cluster_is_left_alone():
+    a = nodes(3)
+    assert next_rebalance_step(a, {p: state(a) for p in range(4)}, 3) == Done()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 12), st.data())
+def test_balancing_converges_and_never_leaves_a_partition_short(half, extra, count, data):
+    rpp = 2 * half - 1
+    a = nodes(rpp + extra)
+    old = a[: rpp + data.draw(st.integers(0, extra - 1))]
+    partitions = {
+        p: state(data.draw(st.sets(st.sampled_from(old), min_size=rpp, max_size=rpp)))
+        for p in range(count)
+    }
+    for _ in range(10 * count + 10):
+        step = next_rebalance_step(a, partitions, rpp)
+        match step:
+            case Done():
+                break
+            case Assign(replicas=adds):
+                for address, ps in adds.items():
+                    for p in ps:
+                        s = partitions[p]
+                        assert address not in s.assigned
+                        partitions[p] = state(s.assigned | {address}, s.members)
+            case Wait():
+                partitions = {p: state(s.assigned) for p, s in partitions.items()}
+            case Unassign(replicas=removals):
+                for address, ps in removals.items():
+                    for p in ps:
+                        s = partitions[p]
+                        assert len(s.assigned) > rpp and s.assigned <= s.members
+                        assert (
+                            replica_change_problem(p, _metadata(s), s.assigned - {address}) is None
+                        )
+                        partitions[p] = state(s.assigned - {address}, s.members)
+        assert all(len(s.assigned) >= rpp for s in partitions.values())
+    else:
+        raise AssertionError("balancing did not finish")
+    load = [sum(1 for s in partitions.values() if n in s.assigned) for n in a]
+    assert rpp == 1 or max(load) - min(load) <= 1, load
+    assert all(len(s.assigned) == rpp for s in partitions.values())
