@@ -12,6 +12,8 @@ references to the WaltzCluster so that deleting it deletes them (volumes follow
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +30,8 @@ API_VERSION = "waltz.io/v1alpha1"
 KIND = "WaltzCluster"
 RUN_AS = 10001
 DATA = "/var/lib/waltz/storage"
+
+CONFIG_HASH = "waltz.io/config-hash"
 
 Manifest = dict[str, Any]
 
@@ -139,8 +143,24 @@ def _pod_spec(
     return pod
 
 
-def _env(prefix: str, settings: Mapping[str, str]) -> list[dict[str, Any]]:
-    return [{"name": f"{prefix}{k.upper()}", "value": v} for k, v in sorted(settings.items())]
+def _env_map(prefix: str, settings: Mapping[str, str]) -> dict[str, str]:
+    return {f"{prefix}{k.upper()}": v for k, v in sorted(settings.items())}
+
+
+def _settings_map(
+    spec: ClusterSpec, component: str, data: dict[str, str]
+) -> tuple[Manifest, dict[str, str]]:
+    """The daemon's settings as a ConfigMap (read with ``envFrom``), and the pod template
+    annotation that carries their hash: a settings change changes the template, so the
+    pods roll (a ConfigMap change alone would reach them only on their next restart)."""
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(spec, f"{spec.name}-{component}-config", component),
+        "data": dict(sorted(data.items())),
+    }
+    digest = hashlib.sha256(json.dumps(config_map["data"], sort_keys=True).encode()).hexdigest()
+    return config_map, {CONFIG_HASH: digest[:16]}
 
 
 # --- storage ----------------------------------------------------------------------------
@@ -164,23 +184,30 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
             ],
         },
     }
-    env = [
+    config_map, annotations = _settings_map(
+        spec,
+        "storage",
+        {
+            "WALTZ_STORAGE_ZOOKEEPER": spec.zookeeper,
+            "WALTZ_STORAGE_ZK_ROOT": spec.zk_root,
+            "WALTZ_STORAGE_DIRECTORY": DATA,
+            "WALTZ_STORAGE_PORT": str(STORAGE_PORT),
+            "WALTZ_STORAGE_HTTP_PORT": str(STORAGE_HTTP_PORT),
+            **_env_map("WALTZ_STORAGE_", tier.settings),
+        },
+    )
+    env = [  # per pod: not in the ConfigMap
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "WALTZ_STORAGE_ZOOKEEPER", "value": spec.zookeeper},
-        {"name": "WALTZ_STORAGE_ZK_ROOT", "value": spec.zk_root},
-        {"name": "WALTZ_STORAGE_DIRECTORY", "value": DATA},
-        {"name": "WALTZ_STORAGE_PORT", "value": str(STORAGE_PORT)},
-        {"name": "WALTZ_STORAGE_HTTP_PORT", "value": str(STORAGE_HTTP_PORT)},
         {
             "name": "WALTZ_STORAGE_ADVERTISED_ADDRESS",
             "value": f"$(POD_NAME).{name}.{spec.namespace}.svc:{STORAGE_PORT}",
         },
-        *_env("WALTZ_STORAGE_", tier.settings),
     ]
     container = {
         "name": "storage",
         "image": spec.image.of("storage"),
         "imagePullPolicy": spec.image.pull_policy,
+        "envFrom": [{"configMapRef": {"name": config_map["metadata"]["name"]}}],
         "env": env,
         "ports": [
             {"name": "storage", "containerPort": STORAGE_PORT},
@@ -219,7 +246,7 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": policy, "whenScaled": policy},
             "selector": {"matchLabels": selector(spec, "storage")},
             "template": {
-                "metadata": {"labels": labels(spec, "storage")},
+                "metadata": {"labels": labels(spec, "storage"), "annotations": annotations},
                 "spec": _pod_spec(
                     spec, tier, "storage", container, [{"name": "tmp", "emptyDir": {}}]
                 ),
@@ -236,7 +263,7 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
             "selector": {"matchLabels": selector(spec, "storage")},
         },
     }
-    return [service, statefulset, budget]
+    return [config_map, service, statefulset, budget]
 
 
 # --- servers ----------------------------------------------------------------------------
@@ -254,21 +281,28 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
             "ports": [{"name": "client", "port": SERVER_PORT, "targetPort": SERVER_PORT}],
         },
     }
-    env = [
+    config_map, annotations = _settings_map(
+        spec,
+        "server",
+        {
+            "WALTZ_SERVER_ZOOKEEPER": spec.zookeeper,
+            "WALTZ_SERVER_ZK_ROOT": spec.zk_root,
+            "WALTZ_SERVER_PORT": str(SERVER_PORT),
+            "WALTZ_SERVER_HTTP_PORT": str(SERVER_HTTP_PORT),
+            **_env_map("WALTZ_SERVER_", tier.settings),
+        },
+    )
+    env = [  # per pod: not in the ConfigMap
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "WALTZ_SERVER_ZOOKEEPER", "value": spec.zookeeper},
-        {"name": "WALTZ_SERVER_ZK_ROOT", "value": spec.zk_root},
         {"name": "WALTZ_SERVER_SERVER_ID", "value": "$(POD_NAME)"},
         {"name": "WALTZ_SERVER_ADVERTISED_HOST", "value": "$(POD_IP)"},
-        {"name": "WALTZ_SERVER_PORT", "value": str(SERVER_PORT)},
-        {"name": "WALTZ_SERVER_HTTP_PORT", "value": str(SERVER_HTTP_PORT)},
-        *_env("WALTZ_SERVER_", tier.settings),
     ]
     container = {
         "name": "server",
         "image": spec.image.of("server"),
         "imagePullPolicy": spec.image.pull_policy,
+        "envFrom": [{"configMapRef": {"name": config_map["metadata"]["name"]}}],
         "env": env,
         "ports": [
             {"name": "client", "containerPort": SERVER_PORT},
@@ -293,7 +327,7 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
             },
             "selector": {"matchLabels": selector(spec, "server")},
             "template": {
-                "metadata": {"labels": labels(spec, "server")},
+                "metadata": {"labels": labels(spec, "server"), "annotations": annotations},
                 "spec": _pod_spec(
                     spec, tier, "server", container, [{"name": "tmp", "emptyDir": {}}]
                 ),
@@ -306,7 +340,7 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
         "metadata": _metadata(spec, name, "server"),
         "spec": {"minAvailable": 1, "selector": {"matchLabels": selector(spec, "server")}},
     }
-    return [service, deployment, budget]
+    return [config_map, service, deployment, budget]
 
 
 def desired_objects(spec: ClusterSpec) -> list[Manifest]:

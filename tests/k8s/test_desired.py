@@ -153,14 +153,12 @@ def test_volumes_follow_retain_volumes(retain, policy):
 def test_user_settings_reach_the_daemons_as_their_variables():
     spec = parse(SPECS["production"])
     objects = by_kind(desired_objects(spec))
-    storage_env = {
-        e["name"]: e.get("value")
-        for e in objects["StatefulSet"][0]["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
-    server_env = {
-        e["name"]: e.get("value")
-        for e in objects["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
+    maps = {m["metadata"]["name"]: m["data"] for m in objects["ConfigMap"]}
+    for kind, component in (("StatefulSet", "storage"), ("Deployment", "server")):
+        container = objects[kind][0]["spec"]["template"]["spec"]["containers"][0]
+        assert container["envFrom"] == [{"configMapRef": {"name": f"payments-{component}-config"}}]
+    storage_env = maps["payments-storage-config"]
+    server_env = maps["payments-server-config"]
     assert storage_env["WALTZ_STORAGE_SEGMENT_BYTES"] == "1GiB"
     assert server_env["WALTZ_SERVER_LOCK_TABLE_SIZE"] == "1048576"
     assert storage_env["WALTZ_STORAGE_ZK_ROOT"] == "/waltz/payments"
@@ -168,6 +166,23 @@ def test_user_settings_reach_the_daemons_as_their_variables():
     claim = objects["StatefulSet"][0]["spec"]["volumeClaimTemplates"][0]["spec"]
     assert claim["storageClassName"] == "fast-ssd"
     assert claim["resources"]["requests"]["storage"] == "200Gi"
+
+
+def test_a_settings_change_changes_the_pod_template_so_the_pods_roll():
+    def hashes(resource_doc) -> list[str]:
+        objects = by_kind(desired_objects(parse(resource_doc)))
+        return [
+            objects[kind][0]["spec"]["template"]["metadata"]["annotations"]["waltz.io/config-hash"]
+            for kind in ("StatefulSet", "Deployment")
+        ]
+
+    base = copy.deepcopy(SPECS["production"])
+    changed = copy.deepcopy(base)
+    changed["spec"]["storage"]["settings"]["segment_bytes"] = "2GiB"
+    changed["spec"]["server"]["settings"]["lock_table_size"] = "2048"
+    before, after = hashes(base), hashes(changed)
+    assert before == hashes(copy.deepcopy(base))  # deterministic
+    assert before[0] != after[0] and before[1] != after[1]
 
 
 def test_the_default_root_is_derived_from_namespace_and_name():
