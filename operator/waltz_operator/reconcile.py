@@ -107,6 +107,8 @@ class ReconcileSettings:
     zk_timeout: float = 10.0
     # A storage node's readiness URL from its address (tests map it to local ports).
     storage_http: Callable[[str], str | None] = default_storage_http
+    # Storage addresses by ordinal instead of the pods' DNS names (spec.address_book).
+    address_book: tuple[str, ...] = ()
 
 
 class Reconciler:
@@ -222,7 +224,7 @@ class Reconciler:
             self.statuses[key] = outcome.status
             return outcome
         paused = is_paused(body, spec)
-        spec = replace(spec, paused=paused)
+        spec = replace(spec, paused=paused, address_book=self.settings.address_book)
         monitor = self.monitor(spec)
         if monitor.rounds == 0:
             await monitor.next_view()
@@ -511,7 +513,7 @@ class Reconciler:
         objects are garbage-collected, the volumes and metadata stay). Never raises:
         after ``timeout`` seconds it gives up and says what it left behind."""
         try:
-            spec = parse(body)
+            spec = replace(parse(body), address_book=self.settings.address_book)
         except SpecError as e:
             return [Event("Warning", "DeleteIncomplete", f"nothing cleaned up: {e}")]
         key = cluster_name(spec)

@@ -60,6 +60,9 @@ class ClusterSpec:
     image: ImageSpec
     retain_volumes: bool = True
     paused: bool = False
+    # Storage addresses by ordinal when the daemons do not run as pods of this cluster
+    # (the test harness that plays the kubelet); empty: the pods' stable DNS names.
+    address_book: tuple[str, ...] = ()
 
     @property
     def storage_service(self) -> str:
@@ -71,6 +74,8 @@ class ClusterSpec:
     def storage_address(self, index: int) -> str:
         """The address storage pod ``index`` has in the replica assignment: its stable
         network name under the headless Service."""
+        if self.address_book:
+            return self.address_book[index]
         return (
             f"{self.storage_pod(index)}.{self.storage_service}.{self.namespace}.svc:{STORAGE_PORT}"
         )

@@ -63,12 +63,14 @@ async def running_operator(
     namespace: str,
     *,
     storage_http: Callable[[str], str | None] | None = None,
+    address_book: tuple[str, ...] = (),
     interval: float = 0.3,
     delete_timeout: float = 30.0,
 ) -> AsyncIterator[OperatorConfig]:
     settings = ReconcileSettings(
         monitor=MonitorSettings(scrape_interval=0.5, scrape_timeout=2.0, zk_timeout=10.0),
         **({"storage_http": storage_http} if storage_http else {}),
+        address_book=address_book,
     )
     config = OperatorConfig(
         connection=Connection(server=api_url(api)),

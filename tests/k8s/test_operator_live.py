@@ -1,0 +1,156 @@
+"""The operator driving a real cluster: kopf in-process against kmock, a real ZooKeeper,
+and the pods it asks for run as real storage and server processes by a harness that
+plays the controllers and the kubelet (kubelet.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kazoo.client import KazooClient
+from kubelet import Kubelet
+from operator_harness import (
+    WZ,
+    condition,
+    create_cluster_object,
+    eventually,
+    kubernetes_api,
+    obj,
+    running_operator,
+)
+
+from waltz_client import (
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClient,
+    WaltzClientCallbacks,
+    WaltzClientConfig,
+)
+
+NS = "prod"
+
+
+@pytest.fixture
+def zk(zookeeper):
+    client = KazooClient(hosts=zookeeper.connect_string)
+    client.start()
+    yield client
+    client.stop()
+    client.close()
+
+
+def cluster_doc(zookeeper, zk_root: str, storage: int, **spec) -> dict:
+    return {
+        "apiVersion": "waltz.io/v1alpha1",
+        "kind": "WaltzCluster",
+        "metadata": {"name": "demo", "namespace": NS},
+        "spec": {
+            "partitions": 2,
+            "replicasPerPartition": 3,
+            "zookeeper": {"connect": zookeeper.connect_string, "root": zk_root},
+            "storage": {"replicas": storage},
+            "server": {"replicas": 1, "settings": {"zk_session_timeout": "4"}},
+            **spec,
+        },
+    }
+
+
+class Notes(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.applied: dict[int, int] = {}
+
+    async def client_high_water_mark(self, partition_id: int) -> int:
+        return self.applied.get(partition_id, -1)
+
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        self.applied[transaction.partition_id] = transaction.transaction_id
+
+
+class Note(TransactionContext):
+    def __init__(self, partition: int, text: str) -> None:
+        self.partition, self.text = partition, text
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(1)
+        builder.set_data(self.text.encode())
+        return True
+
+
+async def write_until(client: WaltzClient, stop: asyncio.Event) -> dict[int, dict[int, bytes]]:
+    """Submit notes to both partitions until ``stop``; committed ID -> data per partition."""
+    committed: dict[int, dict[int, bytes]] = {0: {}, 1: {}}
+    i = 0
+    while not stop.is_set():
+        i += 1
+        results = await asyncio.gather(*(client.submit(Note(p, f"note-{i}-{p}")) for p in (0, 1)))
+        for p, result in zip((0, 1), results, strict=True):
+            assert result.committed, result
+            committed[p][result.transaction_id] = f"note-{i}-{p}".encode()
+        await asyncio.sleep(0.05)
+    return committed
+
+
+async def read_back(client: WaltzClient, committed: dict[int, dict[int, bytes]]) -> None:
+    for p, notes in committed.items():
+        found = {}
+        async for record in client.read(p, start=0, stop=max(notes)):
+            found[record.transaction_id] = record.data
+        for txid, data in notes.items():
+            assert found.get(txid) == data, (p, txid)
+
+
+async def until_ready(api) -> dict:
+    return await eventually(
+        lambda: (
+            (b := obj(api, WZ, NS, "demo")) and condition(b, "Ready").get("status") == "True" and b
+        ),
+        180,
+        what="Ready",
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_storage_roll_restarts_one_pod_at_a_time_and_loses_nothing(
+    zookeeper, zk, zk_root, tmp_path
+):
+    async with kubernetes_api() as api:
+        kubelet = Kubelet(api, NS, "demo", str(tmp_path / "nodes"))
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root, storage=3))
+        async with (
+            running_operator(
+                api,
+                NS,
+                storage_http=kubelet.storage_http,
+                address_book=kubelet.address_book,
+            ),
+            kubelet,
+        ):
+            await until_ready(api)
+            config = WaltzClientConfig(zookeeper.connect_string, zk_root=zk_root)
+            async with WaltzClient(config, Notes()) as client:
+                stop = asyncio.Event()
+                writer = asyncio.create_task(write_until(client, stop))
+                await asyncio.sleep(1.0)
+                response = await api.patch(
+                    f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo",
+                    json={"metadata": {"generation": 2}, "spec": {"image": {"tag": "0.2.0"}}},
+                )
+                assert response.status == 200
+                storage = [f"demo-storage-{i}" for i in range(3)]
+                await eventually(
+                    lambda: all(kubelet.started.count(p) == 2 for p in storage),
+                    240,
+                    what="every storage pod restarted once",
+                )
+                await until_ready(api)
+                stop.set()
+                committed = await writer
+                await read_back(client, committed)
+        # One pod at a time, each only while the other two were ready and in session.
+        for pod, others_ready in kubelet.storage_stops:
+            assert others_ready == 2, (pod, kubelet.storage_stops)
+        assert sum(len(n) for n in committed.values()) > 0
