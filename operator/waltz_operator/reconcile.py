@@ -254,7 +254,15 @@ class Reconciler:
                     if view is not None
                     else Wait("waiting to see the cluster's quorum state")
                 )
-                storage_size = spec.storage.replicas if isinstance(down, Shrink) else current
+                storage_size = current
+                if isinstance(down, Shrink) and view is not None:
+                    # The leaving nodes leave the assignment before their pods go.
+                    blocked, retired = await self._retire(spec, current, down, view)
+                    events += retired
+                    if blocked is None:
+                        storage_size = down.replicas
+                    else:
+                        progress = blocked
             sized = replace(spec, storage=replace(spec.storage, replicas=storage_size))
             for obj in desired_objects(sized):
                 await self.kube.apply(obj)
@@ -291,7 +299,7 @@ class Reconciler:
                 step_progress, step_events, step_refusal = await self._scale(
                     spec, current, down, view
                 )
-                progress = step_progress
+                progress = step_progress or progress
                 events += step_events
                 if step_refusal:
                     degraded.append(step_refusal)
@@ -392,31 +400,7 @@ class Reconciler:
                 return f"scaling storage down: {down.reason}", [], None
             if isinstance(down, Assign | Unassign):
                 return await self._move(spec, down, "scaling storage down")
-            if isinstance(down, Shrink):
-                leaving = spec.storage_addresses(current)[down.replicas :]
-                serving = sorted(a for a in leaving if a in view.still_serving)
-                if serving:
-                    return (
-                        f"scaling storage down: {', '.join(serving)} still serve a vote",
-                        [],
-                        None,
-                    )
-                for address in leaving:
-                    try:
-                        await self._admin(spec, admin.remove_storage, address)
-                    except ClusterError as e:
-                        if "not in the cluster" not in str(e):
-                            raise
-                events.append(
-                    Event(
-                        "Normal",
-                        "ScaledDown",
-                        f"storage scaled down from {current} to {down.replicas}; replicas "
-                        f"moved off {', '.join(leaving)}",
-                    )
-                )
-                return None, events, None
-            return None, [], None
+            return None, [], None  # Shrink: done before the objects were applied
 
         # Scaling up: new nodes join the assignment once their pods are ready.
         pods = await self.kube.list("Pod", spec.namespace, selector(spec, "storage"))
@@ -448,6 +432,30 @@ class Reconciler:
         if isinstance(step, Assign | Unassign):
             return await self._move(spec, step, "balancing replicas")
         return None, events, None
+
+    async def _retire(
+        self, spec: ClusterSpec, current: int, down: Shrink, view: ClusterView
+    ) -> tuple[str | None, list[Event]]:
+        """Take the leaving nodes (which hold nothing now) out of the assignment; what
+        blocks it (None: nothing), and the Events."""
+        leaving = spec.storage_addresses(current)[down.replicas :]
+        serving = sorted(a for a in leaving if a in view.still_serving)
+        if serving:
+            return f"scaling storage down: {', '.join(serving)} still serve a vote", []
+        for address in leaving:
+            try:
+                await self._admin(spec, admin.remove_storage, address)
+            except ClusterError as e:
+                if "not in the cluster" not in str(e):
+                    return f"scaling storage down: {e}", []
+        return None, [
+            Event(
+                "Normal",
+                "ScaledDown",
+                f"storage scaled down from {current} to {down.replicas}; replicas moved off "
+                f"{', '.join(leaving)}",
+            )
+        ]
 
     async def _assigned_nodes(self, spec: ClusterSpec) -> set[str]:
         zk = await self._zookeeper(spec.zookeeper)

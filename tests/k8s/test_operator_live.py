@@ -27,6 +27,7 @@ from waltz_client import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
+from waltz_client.cluster import admin
 
 NS = "prod"
 
@@ -154,3 +155,50 @@ async def test_a_storage_roll_restarts_one_pod_at_a_time_and_loses_nothing(
         for pod, others_ready in kubelet.storage_stops:
             assert others_ready == 2, (pod, kubelet.storage_stops)
         assert sum(len(n) for n in committed.values()) > 0
+
+
+@pytest.mark.asyncio
+async def test_a_scale_down_moves_replicas_off_before_the_pod_goes(
+    zookeeper, zk, zk_root, tmp_path
+):
+    async with kubernetes_api() as api:
+        kubelet = Kubelet(api, NS, "demo", str(tmp_path / "nodes"))
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root, storage=4))
+        leaving = kubelet.address_book[3]
+        async with (
+            running_operator(
+                api, NS, storage_http=kubelet.storage_http, address_book=kubelet.address_book
+            ),
+            kubelet,
+        ):
+            await until_ready(api)
+            held = [p for p in range(2) if leaving in admin.read_cluster(zk, zk_root).members(p)]
+            assert held, "the node that goes holds a replica: there is something to move"
+            config = WaltzClientConfig(zookeeper.connect_string, zk_root=zk_root)
+            async with WaltzClient(config, Notes()) as client:
+                stop = asyncio.Event()
+                writer = asyncio.create_task(write_until(client, stop))
+                await asyncio.sleep(1.0)
+                response = await api.patch(
+                    f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo",
+                    json={"metadata": {"generation": 2}, "spec": {"storage": {"replicas": 3}}},
+                )
+                assert response.status == 200
+                await eventually(
+                    lambda: (
+                        obj(api, "apps/v1/statefulsets", NS, "demo-storage")["spec"]["replicas"]
+                        == 3
+                    ),
+                    240,
+                    what="the StatefulSet shrunk",
+                )
+                state = admin.read_cluster(zk, zk_root)
+                assert leaving not in state.assignment.storages
+                for p in range(2):  # three replicas each, all on staying nodes, in session
+                    assert len(state.assignment.replicas_of(p)) == 3
+                    assert leaving not in state.members(p)
+                await until_ready(api)
+                stop.set()
+                committed = await writer
+                await read_back(client, committed)
+        assert "demo-storage-3" not in kubelet.pods
