@@ -348,3 +348,22 @@ async def test_a_roll_restarts_unready_pods_first_and_waits_for_quorum_evidence(
             assert "restarted demo-storage-1" in condition(body, "Progressing")["message"]
             message = condition(obj(api, WZ, NS, "demo"), "Progressing")["message"]
             assert "rolling storage: waiting" in message, message
+
+
+@pytest.mark.asyncio
+async def test_an_operator_restarted_before_it_wrote_status_adopts_its_cluster(
+    zookeeper, zk, zk_root
+):
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS):
+            key = (await until_created(api))["status"]["clusterKey"]
+        # The first operator died after CreateCluster but before its status landed:
+        doc = dict(obj(api, WZ, NS, "demo"))
+        doc.pop("status")
+        api.objects[WZ, NS, "demo"] = doc
+        created_events = len(events(api, "ClusterCreated"))
+        async with running_operator(api, NS):
+            body = await until_created(api)
+        assert body["status"]["clusterKey"] == key == str(admin.read_params(zk, zk_root).key)
+        assert len(events(api, "ClusterCreated")) == created_events  # adopted, not created
