@@ -32,6 +32,12 @@ from waltz_client.cluster import admin
 NS = "prod"
 
 
+def client_config(connect: str, root: str) -> WaltzClientConfig:
+    # A request the roll strands (its server shut down under it) is retried after
+    # request_timeout; 5 s instead of 30 keeps the test short.
+    return WaltzClientConfig(connect, zk_root=root, request_timeout=5.0)
+
+
 @pytest.fixture
 def zk(zookeeper):
     client = KazooClient(hosts=zookeeper.connect_string)
@@ -131,7 +137,7 @@ async def test_a_storage_roll_restarts_one_pod_at_a_time_and_loses_nothing(
             kubelet,
         ):
             await until_ready(api)
-            config = WaltzClientConfig(zookeeper.connect_string, zk_root=zk_root)
+            config = client_config(zookeeper.connect_string, zk_root)
             async with WaltzClient(config, Notes()) as client:
                 stop = asyncio.Event()
                 writer = asyncio.create_task(write_until(client, stop))
@@ -174,7 +180,7 @@ async def test_a_scale_down_moves_replicas_off_before_the_pod_goes(
             await until_ready(api)
             held = [p for p in range(2) if leaving in admin.read_cluster(zk, zk_root).members(p)]
             assert held, "the node that goes holds a replica: there is something to move"
-            config = WaltzClientConfig(zookeeper.connect_string, zk_root=zk_root)
+            config = client_config(zookeeper.connect_string, zk_root)
             async with WaltzClient(config, Notes()) as client:
                 stop = asyncio.Event()
                 writer = asyncio.create_task(write_until(client, stop))
