@@ -20,9 +20,10 @@ from aiohttp import web
 
 from waltz_client.wire.errors import describe
 
+from .events import Event
 from .kube import Connection, KubeApi
 from .metrics import OperatorMetrics
-from .reconcile import Event, Reconciler, ReconcileSettings
+from .reconcile import Reconciler, ReconcileSettings
 
 GROUP, VERSION, PLURAL = "waltz.io", "v1alpha1", "waltzclusters"
 PREFIX = "waltz.io"

@@ -34,10 +34,10 @@ from kazoo.client import KazooClient
 
 from waltz_client.cluster import admin
 from waltz_client.cluster.zk import ClusterError, close, connect
-from waltz_client.wire.errors import describe
 
 from .bootstrap import Created, Refused, Unsupported, cluster_name, ensure_cluster
 from .desired import desired_objects, selector
+from .events import Event
 from .kube import KubeApi
 from .metrics import OperatorMetrics
 from .monitor import ClusterMonitor, MonitorSettings
@@ -57,18 +57,12 @@ from .rollout import (
 )
 from .spec import STORAGE_HTTP_PORT, ClusterSpec, SpecError, parse
 from .status import Observed, compute_status
+from .teardown import tear_down
 
 log = logging.getLogger(__name__)
 
 PAUSE_ANNOTATION = "waltz.io/paused"
 REVISION_LABEL = "controller-revision-hash"
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
 
 
 @dataclass
@@ -516,10 +510,7 @@ class Reconciler:
     # --- deletion ------------------------------------------------------------------------
 
     async def delete(self, body: Mapping[str, Any], timeout: float) -> list[Event]:
-        """The resource is being deleted. With ``retainVolumes: false`` its pods, volumes
-        and ZooKeeper metadata go; otherwise only the operator's own state (the owned
-        objects are garbage-collected, the volumes and metadata stay). Never raises:
-        after ``timeout`` seconds it gives up and says what it left behind."""
+        """The resource is being deleted: stop following it, then ``teardown.tear_down``."""
         try:
             spec = replace(parse(body), address_book=self.settings.address_book)
         except SpecError as e:
@@ -530,51 +521,4 @@ class Reconciler:
             await monitor.close()
         self.metrics.forget(key)
         self.statuses.pop(key, None)
-        if spec.retain_volumes:
-            return [
-                Event(
-                    "Normal",
-                    "Retained",
-                    f"volumes and the ZooKeeper metadata at {spec.zk_root} are kept "
-                    f"(retainVolumes)",
-                )
-            ]
-        try:
-            await asyncio.wait_for(self._delete_everything(spec), timeout)
-        except (TimeoutError, Exception) as e:
-            why = f"timed out after {timeout:g} s" if isinstance(e, TimeoutError) else describe(e)
-            return [
-                Event(
-                    "Warning",
-                    "DeleteIncomplete",
-                    f"deletion gave up ({why}); check for leftover volumes labelled "
-                    f"app.kubernetes.io/instance={spec.name} and the ZooKeeper node "
-                    f"{spec.zk_root}",
-                )
-            ]
-        return [
-            Event(
-                "Normal",
-                "Deleted",
-                f"pods, volumes and the ZooKeeper metadata at {spec.zk_root} deleted",
-            )
-        ]
-
-    async def _delete_everything(self, spec: ClusterSpec) -> None:
-        ns = spec.namespace
-        await self.kube.delete("Deployment", ns, f"{spec.name}-server")
-        await self.kube.delete("StatefulSet", ns, spec.storage_service)
-        while await self.kube.list("Pod", ns, {"app.kubernetes.io/instance": spec.name}):
-            await asyncio.sleep(1.0)  # servers must be gone before their metadata goes
-        zk = await self._zookeeper(spec.zookeeper)
-        try:
-            await asyncio.to_thread(
-                admin.delete_cluster, zk, spec.zk_root, cluster_name(spec), True
-            )
-        except ClusterError as e:
-            if "no cluster" not in str(e).lower():
-                raise
-        for claim in await self.kube.list(
-            "PersistentVolumeClaim", ns, {"app.kubernetes.io/instance": spec.name}
-        ):
-            await self.kube.delete("PersistentVolumeClaim", ns, claim["metadata"]["name"])
+        return await tear_down(self.kube, lambda: self._zookeeper(spec.zookeeper), spec, timeout)
