@@ -486,16 +486,25 @@ class Reconciler:
         revision = (statefulset.get("status") or {}).get("updateRevision")
         if not revision:
             return None, []
-        pods = await self.kube.list("Pod", spec.namespace, selector(spec, "storage"))
-        states = [
-            PodState(
-                name=p["metadata"]["name"],
-                address=spec.storage_address(_ordinal(p)),
-                ready=pod_ready(p),
-                current=(p["metadata"].get("labels") or {}).get(REVISION_LABEL) == revision,
+        pods = {
+            _ordinal(p): p
+            for p in await self.kube.list("Pod", spec.namespace, selector(spec, "storage"))
+        }
+        states = []
+        for ordinal in range(int(statefulset["spec"]["replicas"])):
+            pod = pods.get(ordinal)
+            # Missing (deleted, not yet recreated) or terminating: being replaced with the
+            # new revision, and down meanwhile.
+            replaced = pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+            states.append(
+                PodState(
+                    name=spec.storage_pod(ordinal),
+                    address=spec.storage_address(ordinal),
+                    ready=not replaced and pod_ready(pod),
+                    current=replaced
+                    or (pod["metadata"].get("labels") or {}).get(REVISION_LABEL) == revision,
+                )
             )
-            for p in sorted(pods, key=_ordinal)
-        ]
         step = next_pod_to_restart(states, view.rollout_states())
         if isinstance(step, Done):
             return None, []

@@ -18,7 +18,8 @@ When a partition cannot get enough replicas on the staying nodes, or has a singl
 replica (moving it is never safe), the scale-down is refused and nothing moves.
 
 **Rolling storage pods** (CloudNativePG restarts replicas one at a time, never taking the
-majority away): one pod at a time, unready ones first; a ready pod only while every
+majority away): one pod at a time, first those that are down already (not ready and in
+no session); a ready pod only while every
 partition it holds keeps a majority of members without it, and only once every
 partition's replicas are all members again (the previous pod rejoined every session).
 """
@@ -164,9 +165,13 @@ def next_pod_to_restart(
     outdated = [p for p in pods if not p.current]
     if not outdated:
         return Done()
-    unready = [p for p in outdated if not p.ready]
-    if unready:  # down already: restarting it takes nothing away
-        return Restart(unready[0].name, "not ready: restarted first")
+    # Down already (not ready, and a member of no partition's session): restarting it
+    # takes nothing away. A pod that is not ready but still serves a session (readiness
+    # also fails while one of its partitions is unavailable) waits its turn like the rest.
+    serving = {a for s in partitions.values() for a in s.members}
+    unready = [p for p in outdated if not p.ready and p.address not in serving]
+    if unready:
+        return Restart(unready[0].name, "not ready and in no session: restarted first")
     not_ready = [p.name for p in pods if not p.ready]
     if not_ready:
         return Wait(f"waiting for {', '.join(not_ready)} to be ready")

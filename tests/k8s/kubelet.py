@@ -64,7 +64,7 @@ class Kubelet:
         self.pods: dict[str, Pod] = {}
         self.started: list[str] = []  # pod names, in the order they were (re)started
         # Each storage pod stopped while the StatefulSet wanted it (deleted for a roll):
-        # (pod, how many other storage pods were ready at that moment).
+        # (pod, how many other storage pods were running at that moment).
         self.storage_stops: list[tuple[str, int]] = []
         self._server_count = 0
         self._task: asyncio.Task | None = None
@@ -153,8 +153,8 @@ class Kubelet:
                 if ordinal < replicas:
                     others = sum(
                         1
-                        for other in self.pods
-                        if other != pod_name and "-storage-" in other and self._ready(other)
+                        for other, pod in self.pods.items()
+                        if other != pod_name and "-storage-" in other and pod.process.running
                     )
                     self.storage_stops.append((pod_name, others))
                 await self._stop(pod_name)  # scaled away, or deleted to be replaced

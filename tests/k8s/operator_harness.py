@@ -25,6 +25,7 @@ from waltz_operator.monitor import MonitorSettings
 from waltz_operator.reconcile import ReconcileSettings
 
 WZ = "waltz.io/v1alpha1/waltzclusters"
+NS = "prod"
 RESOURCES = {
     "v1/namespaces": ("Namespace", False, set()),
     "v1/events": ("Event", True, set()),
@@ -159,3 +160,18 @@ def condition(body: dict[str, Any] | None, kind: str) -> dict[str, Any]:
         if c["type"] == kind:
             return c
     return {}
+
+
+def cluster_doc(zookeeper, zk_root: str, **spec: Any) -> dict[str, Any]:
+    """A WaltzCluster ``prod/demo`` on the test's ZooKeeper root."""
+    return {
+        "apiVersion": "waltz.io/v1alpha1",
+        "kind": "WaltzCluster",
+        "metadata": {"name": "demo", "namespace": NS},
+        "spec": {
+            "partitions": 4,
+            "replicasPerPartition": 3,
+            "zookeeper": {"connect": zookeeper.connect_string, "root": zk_root},
+            **spec,
+        },
+    }

@@ -11,21 +11,11 @@ import pytest
 import yaml
 
 from waltz_client.cluster import admin
-from waltz_client.cluster.zk import close, connect
 from waltz_operator.bootstrap import Created, Refused, Unsupported, ensure_cluster
 from waltz_operator.spec import parse
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MINIMAL = yaml.safe_load((ROOT / "examples" / "waltzcluster-minimal.yaml").read_text())
-
-
-@pytest.fixture
-def zk(zookeeper):
-    client = connect(zookeeper.connect_string, timeout=10.0)
-    try:
-        yield client
-    finally:
-        close(client)
 
 
 def spec_at(root: str, **changes):

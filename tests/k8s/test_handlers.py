@@ -6,9 +6,10 @@ import asyncio
 import time
 
 import pytest
-from kazoo.client import KazooClient
 from operator_harness import (
+    NS,
     WZ,
+    cluster_doc,
     condition,
     create_cluster_object,
     eventually,
@@ -18,31 +19,6 @@ from operator_harness import (
 )
 
 from waltz_client.cluster import admin
-
-NS = "prod"
-
-
-def cluster_doc(zookeeper, zk_root: str, **spec) -> dict:
-    return {
-        "apiVersion": "waltz.io/v1alpha1",
-        "kind": "WaltzCluster",
-        "metadata": {"name": "demo", "namespace": NS},
-        "spec": {
-            "partitions": 4,
-            "replicasPerPartition": 3,
-            "zookeeper": {"connect": zookeeper.connect_string, "root": zk_root},
-            **spec,
-        },
-    }
-
-
-@pytest.fixture
-def zk(zookeeper):
-    client = KazooClient(hosts=zookeeper.connect_string)
-    client.start()
-    yield client
-    client.stop()
-    client.close()
 
 
 @pytest.mark.asyncio

@@ -152,7 +152,18 @@ def pods(addresses, current=(), unready=()) -> list[PodState]:
 def test_an_unready_outdated_pod_restarts_first():
     a = nodes(3)
     step = next_pod_to_restart(pods(a, unready=[a[0]]), {0: state(a, members=a[1:])})
-    assert step == Restart("c-storage-0", "not ready: restarted first")
+    assert step == Restart("c-storage-0", "not ready and in no session: restarted first")
+
+
+def test_an_unready_pod_still_in_a_session_is_not_restarted_out_of_turn():
+    """Readiness also fails while one of a node's partitions is unavailable: such a pod
+    may still be one of a majority. Here c-storage-2 was just restarted and has not
+    rejoined; restarting c-storage-0 too would take partition 0's majority away."""
+    a = nodes(3)
+    step = next_pod_to_restart(
+        pods(a, current=[a[2]], unready=[a[0]]), {0: state(a, members=a[:2])}
+    )
+    assert isinstance(step, Wait)
 
 
 def test_pods_restart_from_the_highest_ordinal_while_majorities_hold():
