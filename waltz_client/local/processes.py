@@ -15,6 +15,26 @@ import time
 from typing import IO
 
 
+def wait_until_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Wait until every thread of ``pid`` is stopped (state T in /proc). SIGSTOP is
+    delivered asynchronously: a thread busy on another core can still answer a request
+    just after kill() returns. Without /proc, or once the process is gone, return."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+            states = []
+            for task in tasks:
+                with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                    # The state follows the parenthesised command name.
+                    states.append(stat.read().rpartition(")")[2].split()[0])
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+
+
 class ProcessFailed(RuntimeError):
     """The daemon exited or did not become ready; the message ends with its log."""
 
@@ -113,7 +133,11 @@ class DaemonProcess:
         self._close_log()
 
     def pause(self) -> None:
+        """Freeze the daemon with SIGSTOP; returns once all its threads are stopped."""
         self.signal(signal.SIGSTOP)
+        if self.running:
+            assert self.proc is not None
+            wait_until_stopped(self.proc.pid)
 
     def resume(self) -> None:
         self.signal(signal.SIGCONT)

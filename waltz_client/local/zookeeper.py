@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType, TracebackType
 from typing import IO, Any
 
+from waltz_client.local.processes import wait_until_stopped
+
 __all__ = [
     "EmbeddedZooKeeper",
     "ZooKeeperUnavailable",
@@ -423,6 +425,8 @@ class EmbeddedZooKeeper:
         """Freeze the server with SIGSTOP: its port stays open but nothing answers."""
         self._require_running()
         self._signal(signal.SIGSTOP)
+        assert self._proc is not None
+        wait_until_stopped(self._proc.pid)
 
     def resume(self) -> None:
         """Let a paused server go on (SIGCONT)."""
