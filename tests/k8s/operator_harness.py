@@ -175,3 +175,15 @@ def cluster_doc(zookeeper, zk_root: str, **spec: Any) -> dict[str, Any]:
             **spec,
         },
     }
+
+
+def events(api, reason: str) -> list[dict]:
+    """Events the operator posted with this reason. (kmock stores one Event per name and
+    ignores generateName, so the posts are read from its request log.)"""
+    return [
+        request.data
+        for request in list(api)
+        if request.method.name == "POST"
+        and str(request.url.path).endswith("/events")
+        and (request.data or {}).get("reason") == reason
+    ]

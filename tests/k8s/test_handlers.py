@@ -12,6 +12,7 @@ from operator_harness import (
     cluster_doc,
     condition,
     create_cluster_object,
+    events,
     eventually,
     kubernetes_api,
     obj,
@@ -60,18 +61,6 @@ def status_patches(api) -> list:
         if request.method.name == "PATCH" and "/waltzclusters/" in path:
             out.append((path.endswith("/status"), request.data))
     return out
-
-
-def events(api, reason: str) -> list[dict]:
-    """Events the operator posted with this reason. (kmock stores one Event per name and
-    ignores generateName, so the posts are read from its request log.)"""
-    return [
-        request.data
-        for request in list(api)
-        if request.method.name == "POST"
-        and str(request.url.path).endswith("/events")
-        and (request.data or {}).get("reason") == reason
-    ]
 
 
 @pytest.mark.asyncio
