@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,local,operator]'
+	$(PY) -m pip install --quiet -e '.[dev,local,operator,spark]'
 	touch $(STAMP)
 
 ## run: the demo: a bank on a local cluster (embedded ZooKeeper, 3 storage nodes, 2 servers)
@@ -30,11 +30,12 @@ fault-deps:
 	  { quiet_apt update && quiet_apt install -y --no-install-recommends nftables; } || \
 	  echo "could not install nftables: the link-cut fault tests will be skipped"
 
-## test: lint, then the whole test suite (with nftables for the fault tests, see fault-deps)
+## test: lint, then the whole test suite (with nftables for the fault tests, see fault-deps),
+## two test files at a time: most tests wait on processes and timeouts, not the CPU
 test: $(STAMP) fault-deps
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

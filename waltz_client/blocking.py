@@ -8,6 +8,7 @@ the call to that loop and waits. Callbacks run as for the async client
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 
@@ -15,7 +16,7 @@ from .callbacks import WaltzClientCallbacks
 from .client import SubmitResult, WaltzClient
 from .config import WaltzClientConfig
 from .transaction import TransactionContext
-from .wire.records import Record
+from .wire.records import Record, RecordBatch
 
 
 class BlockingWaltzClient:
@@ -58,6 +59,35 @@ class BlockingWaltzClient:
                 yield self._call(agen.__anext__())
             except StopAsyncIteration:
                 return
+
+    def read_batches(
+        self,
+        partition_id: int,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        batch_records: int = 1000,
+        batch_bytes: int = 4 * 1024 * 1024,
+    ) -> Iterator[RecordBatch]:
+        """``WaltzClient.read_batches``, with the next request already on its way while
+        the caller works on a batch."""
+        agen = self.client.read_batches(
+            partition_id, start, stop, batch_records=batch_records, batch_bytes=batch_bytes
+        )
+        ahead = asyncio.run_coroutine_threadsafe(agen.__anext__(), self._loop)
+        try:
+            while True:
+                try:
+                    batch = ahead.result()
+                except StopAsyncIteration:
+                    return
+                ahead = asyncio.run_coroutine_threadsafe(agen.__anext__(), self._loop)
+                yield batch
+        finally:
+            ahead.cancel()
+            if not self._loop.is_closed():
+                with contextlib.suppress(Exception):
+                    self._call(agen.aclose(), 10)
 
     @property
     def num_partitions(self) -> int:

@@ -52,7 +52,7 @@ from .wire.client_messages import (
     TransactionDataRequest,
     TransactionDataResponse,
 )
-from .wire.records import DEFAULT_MAX_DATA_BYTES, Record, ReqId
+from .wire.records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, ReqId
 from .wire.server_connection import ServerConnection
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,20 @@ class SubmitResult:
 
 class WaltzError(Exception):
     """A request the cluster could not answer in time, or a client that is closed."""
+
+
+class MissingTransactions(WaltzError):
+    """A range read found its first transactions gone (below the partition's retention
+    mark): ``first_available`` is where the log now starts."""
+
+    def __init__(self, partition_id: int, requested: int, first_available: int) -> None:
+        super().__init__(
+            f"partition {partition_id}: transactions {requested}..{first_available - 1} are "
+            f"no longer in the log; the first available is {first_available}"
+        )
+        self.partition_id = partition_id
+        self.requested = requested
+        self.first_available = first_available
 
 
 @dataclass(eq=False)
@@ -707,6 +721,24 @@ class WaltzClient:
     ) -> AsyncIterator[Record]:
         """Committed records ``start..stop`` (inclusive; None: up to the high-water mark
         when the read reaches it), with their data, in order."""
+        async for batch in self.read_batches(
+            partition_id, start, stop, batch_records=batch_records, batch_bytes=batch_bytes
+        ):
+            for record in batch.records():
+                yield record
+
+    async def read_batches(
+        self,
+        partition_id: int,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        batch_records: int = 1000,
+        batch_bytes: int = 4 * 1024 * 1024,
+    ) -> AsyncIterator[RecordBatch]:
+        """``read``, a response at a time: record batches as the server sent them (bulk
+        readers such as the Spark source decode them without one object per record). A
+        gap below ``start`` or between batches raises: the log has no holes."""
         if start < 0 or batch_records < 1 or batch_bytes < 1 or (stop is not None and stop < -1):
             raise ValueError(
                 f"read({partition_id}, {start}, {stop}): need start >= 0, stop >= -1 and "
@@ -720,17 +752,18 @@ class WaltzClient:
                 lambda q, t=next_txid, n=count: ReadRangeRequest(q, t, n, batch_bytes),
             )
             assert isinstance(answer, ReadRangeResponse)
-            records = list(answer.records.records())
-            if not records:
+            batch = answer.records
+            if not len(batch):
                 if stop is not None and stop > answer.high_water_mark:
                     raise WaltzError(
                         f"partition {partition_id}: transaction {stop} is not committed "
                         f"(high-water mark {answer.high_water_mark})"
                     )
                 return
-            for record in records:
-                yield record
-            next_txid = records[-1].transaction_id + 1
+            if batch.first_txid != next_txid:
+                raise MissingTransactions(partition_id, next_txid, batch.first_txid)
+            yield batch
+            next_txid = batch.last_txid + 1
 
 
 def _hook(context: TransactionContext, name: str, *args: Any) -> None:

@@ -1,0 +1,71 @@
+"""Appending to and reading back from the test cluster through the client itself."""
+
+from __future__ import annotations
+
+from waltz_client import BlockingWaltzClient, TransactionBuilder, TransactionContext
+from waltz_client.config import WaltzClientConfig
+
+
+class Put(TransactionContext):
+    def __init__(self, partition: int, header: int, data: bytes) -> None:
+        self.partition, self.header, self.data = partition, header, data
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(self.header)
+        builder.set_data(self.data)
+        return True
+
+
+def client(cluster) -> BlockingWaltzClient:
+    return BlockingWaltzClient(
+        WaltzClientConfig(cluster.zookeeper_connect, cluster.layout.root, feed=False)
+    )
+
+
+def append(cluster, count: int, partitions: list[int], tag: str = "t") -> None:
+    """``count`` transactions spread over ``partitions``, in flight together."""
+    import asyncio
+
+    with client(cluster) as c:
+
+        async def all_of_them() -> None:
+            results = await asyncio.gather(
+                *(
+                    c.client.submit(
+                        Put(partitions[i % len(partitions)], i, f"{tag}-{i}".encode() * (i % 7))
+                    )
+                    for i in range(count)
+                )
+            )
+            assert all(r.committed for r in results), [r for r in results if not r.committed]
+
+        c._call(all_of_them())
+
+
+def log_rows(cluster, partitions=None, start=None, end=None) -> list[tuple]:
+    """Every committed transaction as (partition, txid, header, data, client_id), read
+    with the client's own range reads; ``start``/``end``: offsets per partition."""
+    rows = []
+    with client(cluster) as c:
+        for p in partitions if partitions is not None else range(c.num_partitions):
+            first = (start or {}).get(p, 0)
+            last = (end or {}).get(p, c.high_water_mark(p) + 1) - 1
+            if last < first:
+                continue
+            for r in c.read(p, first, last):
+                rows.append((p, r.transaction_id, r.header, r.data, r.req_id.client_id))
+    return rows
+
+
+def high_water_marks(cluster) -> dict[int, int]:
+    with client(cluster) as c:
+        return {p: c.high_water_mark(p) for p in range(c.num_partitions)}
+
+
+def spark_rows(df) -> list[tuple]:
+    return sorted(
+        (r.partition, r.transaction_id, r.header, bytes(r.data), r.client_id) for r in df.collect()
+    )

@@ -1,0 +1,282 @@
+"""The ``waltz`` Spark source's and sink's options, parsed and checked (no pyspark here).
+
+Spark passes options as strings, with case-insensitive names. Every mistake is a
+``WaltzOptionError`` raised at planning, and its message names the option.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from waltz_client.cluster.paths import normalise_root
+from waltz_client.partition_ranges import parse_partition_ranges
+
+EARLIEST = -2  # in a JSON offset map, as in Spark's Kafka source
+LATEST = -1
+
+# What an offset option says: a named position for every partition, or one per partition.
+OffsetSpec = str | dict[int, int]
+
+
+class WaltzOptionError(ValueError):
+    """A bad option of the waltz data source; the message names it."""
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    zookeeper: str
+    zk_root: str = "/waltz"
+    partitions: frozenset[int] | None = None  # None: every partition
+    starting: OffsetSpec = "earliest"
+    ending: OffsetSpec = "latest"  # batch only
+    max_transactions_per_split: int = 100_000
+    max_transactions_per_trigger: int | None = None  # streaming only
+    fail_on_data_loss: bool = True
+    request_timeout: float = 30.0
+    fetch_records: int = 10_000  # per range-read request
+    fetch_bytes: int = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    zookeeper: str
+    zk_root: str = "/waltz"
+    lock_name: str = "waltz"
+    # job | current | given (streams: current). "given": lock_marks, partition -> mark.
+    lock_high_water_mark: str = "job"
+    lock_marks: dict[int, int] | None = None
+    max_retries: int = 20
+    request_timeout: float = 30.0
+    max_in_flight: int = 1000
+
+
+_COMMON = ("zookeeper", "zkroot", "requesttimeout")
+_READ = (
+    *_COMMON,
+    "partitions",
+    "startingoffsets",
+    "endingoffsets",
+    "maxtransactionspersplit",
+    "maxtransactionspertrigger",
+    "failondataloss",
+    "fetchrecords",
+    "fetchbytes",
+)
+_WRITE = (*_COMMON, "lockname", "lockhighwatermark", "maxretries", "maxinflight")
+# Spark adds these itself (load(path), save(path), a stream sink's checkpoint); not ours.
+_IGNORED = ("path", "checkpointlocation")
+
+# The documented spelling of each option, for messages.
+_SPELLING = {
+    name.lower(): name
+    for name in (
+        "zookeeper",
+        "zkRoot",
+        "requestTimeout",
+        "partitions",
+        "startingOffsets",
+        "endingOffsets",
+        "maxTransactionsPerSplit",
+        "maxTransactionsPerTrigger",
+        "failOnDataLoss",
+        "fetchRecords",
+        "fetchBytes",
+        "lockName",
+        "lockHighWaterMark",
+        "maxRetries",
+        "maxInFlight",
+    )
+}
+
+
+def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    given = _lower(options, _READ)
+    if not streaming and "maxtransactionspertrigger" in given:
+        raise WaltzOptionError("maxTransactionsPerTrigger: applies to streaming reads only")
+    if streaming and "endingoffsets" in given:
+        raise WaltzOptionError(
+            "endingOffsets: applies to batch reads only (a stream reads on; use "
+            "maxTransactionsPerTrigger or trigger(availableNow=True))"
+        )
+    partitions = None
+    if "partitions" in given and given["partitions"].strip() not in ("", "all"):
+        try:
+            partitions = frozenset(parse_partition_ranges(given["partitions"]))
+        except ValueError as e:
+            raise WaltzOptionError(f"partitions: {e}") from None
+    starting = _offsets("startingOffsets", given.get("startingoffsets", "earliest"))
+    ending = _offsets("endingOffsets", given.get("endingoffsets", "latest"))
+    if ending == "earliest":
+        raise WaltzOptionError("endingOffsets: 'earliest' would read nothing; use latest or JSON")
+    if isinstance(ending, dict) and any(v == EARLIEST for v in ending.values()):
+        raise WaltzOptionError("endingOffsets: -2 (earliest) is not an ending offset")
+    if isinstance(starting, dict) and isinstance(ending, dict):
+        for p, start in starting.items():
+            end = ending.get(p)
+            if start >= 0 and end is not None and end >= 0 and end < start:
+                raise WaltzOptionError(
+                    f"endingOffsets: partition {p} ends at {end}, before its starting "
+                    f"offset {start}"
+                )
+    trigger = None
+    if "maxtransactionspertrigger" in given:
+        trigger = _integer(given, "maxtransactionspertrigger", 1)
+    return ReadOptions(
+        zookeeper=_zookeeper(given),
+        zk_root=_root(given),
+        partitions=partitions,
+        starting=starting,
+        ending=ending,
+        max_transactions_per_split=_integer(
+            given, "maxtransactionspersplit", 1, ReadOptions.max_transactions_per_split
+        ),
+        max_transactions_per_trigger=trigger,
+        fail_on_data_loss=_boolean(given, "failondataloss", True),
+        request_timeout=_seconds(given, "requesttimeout", ReadOptions.request_timeout),
+        fetch_records=_integer(given, "fetchrecords", 1, ReadOptions.fetch_records, 1_000_000),
+        fetch_bytes=_integer(given, "fetchbytes", 1024, ReadOptions.fetch_bytes, 2**30),
+    )
+
+
+def parse_write_options(options: Mapping[str, str], *, streaming: bool) -> WriteOptions:
+    given = _lower(options, _WRITE)
+    text = given.get("lockhighwatermark", "current" if streaming else "job").strip()
+    marks = None
+    if text.startswith("{"):
+        mode = "given"
+        marks = parse_offset_map(text, "lockHighWaterMark", low=LATEST)
+    elif text.lower() in ("job", "current"):
+        mode = text.lower()
+    else:
+        raise WaltzOptionError(
+            f"lockHighWaterMark: expected job, current or a JSON object of partition -> "
+            f"high-water mark, got {text!r}"
+        )
+    if streaming and mode != "current":
+        raise WaltzOptionError(
+            "lockHighWaterMark: only 'current' applies to a stream (it has no single start); "
+            "job and explicit marks are for batch writes"
+        )
+    lock_name = given.get("lockname", WriteOptions.lock_name)
+    if not lock_name:
+        raise WaltzOptionError("lockName: must not be empty")
+    return WriteOptions(
+        zookeeper=_zookeeper(given),
+        zk_root=_root(given),
+        lock_name=lock_name,
+        lock_high_water_mark=mode,
+        lock_marks=marks,
+        max_retries=_integer(given, "maxretries", 1, WriteOptions.max_retries),
+        request_timeout=_seconds(given, "requesttimeout", WriteOptions.request_timeout),
+        max_in_flight=_integer(given, "maxinflight", 1, WriteOptions.max_in_flight, 100_000),
+    )
+
+
+def parse_offset_map(text: str, name: str, low: int = EARLIEST) -> dict[int, int]:
+    """``{"0": 120, "2": -1}``: partition ID -> transaction ID, -2 earliest, -1 latest
+    (``low``: the smallest value allowed)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WaltzOptionError(f"{name}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(doc, dict) or not doc:
+        raise WaltzOptionError(
+            f'{name}: expected a JSON object of partition -> offset such as {{"0": 120}}'
+        )
+    result: dict[int, int] = {}
+    for key, value in doc.items():
+        try:
+            partition = int(key)
+        except ValueError:
+            raise WaltzOptionError(f"{name}: {key!r} is not a partition ID") from None
+        if partition < 0:
+            raise WaltzOptionError(f"{name}: partition {partition} is negative")
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            allowed = {
+                EARLIEST: "a transaction ID >= 0, -2 (earliest) or -1 (latest)",
+                LATEST: "a high-water mark >= -1",
+            }[low]
+            raise WaltzOptionError(
+                f"{name}: partition {partition}: expected {allowed}, got {value!r}"
+            )
+        result[partition] = value
+    return result
+
+
+def _offsets(name: str, text: str) -> OffsetSpec:
+    word = text.strip()
+    if word.lower() in ("earliest", "latest"):
+        return word.lower()
+    if word.startswith("{"):
+        return parse_offset_map(word, name)
+    raise WaltzOptionError(f"{name}: expected earliest, latest or a JSON object, got {text!r}")
+
+
+def _lower(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:
+    given = {str(k).lower(): str(v) for k, v in options.items()}
+    unknown = sorted(k for k in given if k not in known and k not in _IGNORED)
+    if unknown:
+        names = ", ".join(_SPELLING[k] for k in known)
+        raise WaltzOptionError(f"unknown option {unknown[0]!r}; the options are: {names}")
+    return given
+
+
+def _zookeeper(given: dict[str, str]) -> str:
+    value = given.get("zookeeper", "").strip()
+    if not value:
+        raise WaltzOptionError(
+            "zookeeper: required, the cluster's ZooKeeper connect string (host:port[,...])"
+        )
+    return value
+
+
+def _root(given: dict[str, str]) -> str:
+    try:
+        return normalise_root(given.get("zkroot", "/waltz"))
+    except ValueError as e:
+        raise WaltzOptionError(f"zkRoot: {e}") from None
+
+
+def _integer(
+    given: dict[str, str], key: str, low: int, default: int | None = None, high: int = 2**62
+) -> int:
+    if key not in given:
+        assert default is not None
+        return default
+    text = given[key].strip()
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise WaltzOptionError(
+            f"{_SPELLING[key]}: expected an integer from {low} to {high}, got {text!r}"
+        )
+    return value
+
+
+def _seconds(given: dict[str, str], key: str, default: float) -> float:
+    if key not in given:
+        return default
+    text = given[key].strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise WaltzOptionError(
+            f"{_SPELLING[key]}: expected a positive number of seconds, got {text!r}"
+        )
+    return value
+
+
+def _boolean(given: dict[str, str], key: str, default: bool) -> bool:
+    if key not in given:
+        return default
+    text = given[key].strip().lower()
+    if text not in ("true", "false"):
+        raise WaltzOptionError(f"{_SPELLING[key]}: expected true or false, got {given[key]!r}")
+    return text == "true"

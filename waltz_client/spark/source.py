@@ -1,0 +1,187 @@
+"""The ``waltz`` PySpark data source: batch and streaming reads of the log, and writes.
+
+    spark.dataSource.register(WaltzDataSource)
+    spark.read.format("waltz").option("zookeeper", "zk:2181").load()
+
+Planning (the offsets, the splits) runs on the driver with a client that mounts
+nothing; each split is read on an executor through the client's range reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from waltz_client.blocking import BlockingWaltzClient
+
+from .arrow import SCHEMA_DDL
+from .options import ReadOptions, parse_read_options, parse_write_options
+from .planning import (
+    Split,
+    check_range,
+    chosen_partitions,
+    decode_offsets,
+    encode_offsets,
+    limit_offsets,
+    plan_splits,
+    resolve,
+)
+from .split_reader import client_config, read_split
+from .writer import WaltzStreamWriter, WaltzWriter, job_high_water_marks
+
+log = logging.getLogger(__name__)
+
+
+class WaltzInputPartition(InputPartition):
+    def __init__(self, split: Split) -> None:
+        super().__init__(split)
+        self.split = split
+
+
+class WaltzDataSource(DataSource):
+    """Short name ``waltz``. Options: docs/spark.md."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "waltz"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return WaltzBatchReader(parse_read_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return WaltzStreamReader(parse_read_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        options = parse_write_options(self.options, streaming=False)
+        return WaltzWriter(options, schema, job_high_water_marks(options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return WaltzStreamWriter(parse_write_options(self.options, streaming=True), schema)
+
+
+def _driver_client(options: ReadOptions) -> BlockingWaltzClient:
+    return BlockingWaltzClient(
+        client_config(options.zookeeper, options.zk_root, options.request_timeout)
+    )
+
+
+def _latest(client: BlockingWaltzClient, partitions: list[int]) -> dict[int, int]:
+    """The next transaction ID of each partition (its high-water mark + 1)."""
+    return {p: client.high_water_mark(p) + 1 for p in partitions}
+
+
+def _input_partitions(
+    start: dict[int, int], end: dict[int, int], max_per_split: int
+) -> list[InputPartition]:
+    splits = plan_splits(start, end, max_per_split)
+    if not splits:  # nothing to read: one empty split, so the plan still has a task
+        first = min(start, default=0)
+        splits = [Split(first, start.get(first, 0), start.get(first, 0))]
+    return [WaltzInputPartition(s) for s in splits]
+
+
+class WaltzBatchReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        o = self.options
+        with _driver_client(o) as client:
+            partitions = chosen_partitions(o.partitions, client.num_partitions)
+            latest = _latest(client, partitions)
+        earliest = dict.fromkeys(partitions, 0)
+        start = resolve(o.starting, "startingOffsets", partitions, earliest, latest)
+        end = resolve(o.ending, "endingOffsets", partitions, earliest, latest)
+        check_range(start, end)
+        return _input_partitions(start, end, o.max_transactions_per_split)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, WaltzInputPartition)
+        yield from read_split(self.options, partition.split)
+
+
+class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are ``{"partition": next transaction ID}``; Spark checkpoints them, so a
+    restarted query reads each committed transaction exactly once."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._client: BlockingWaltzClient | None = None
+        self._target: dict[int, int] | None = None  # trigger(availableNow=True)
+
+    def __getstate__(self) -> dict[str, Any]:  # executors get the options, not the client
+        return {"options": self.options, "_client": None, "_target": None}
+
+    def _partitions_and_latest(self) -> tuple[list[int], dict[int, int]]:
+        if self._client is None:
+            self._client = _driver_client(self.options)
+        partitions = chosen_partitions(self.options.partitions, self._client.num_partitions)
+        return partitions, _latest(self._client, partitions)
+
+    def initialOffset(self) -> dict:
+        partitions, latest = self._partitions_and_latest()
+        earliest = dict.fromkeys(partitions, 0)
+        start = resolve(self.options.starting, "startingOffsets", partitions, earliest, latest)
+        return encode_offsets(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_transactions_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._partitions_and_latest()[1]
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = decode_offsets(start)
+        partitions, latest = self._partitions_and_latest()
+        for p in partitions:
+            begin.setdefault(p, 0)  # a partition added since the query began: from earliest
+            if self._target is not None:
+                latest[p] = min(latest[p], self._target.get(p, begin[p]))
+        begin = {p: begin[p] for p in partitions}
+        if isinstance(limit, ReadMaxRows):
+            end = limit_offsets(begin, latest, limit.max_rows)
+        else:
+            end = {p: max(begin[p], latest[p]) for p in partitions}
+        return encode_offsets(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return encode_offsets(self._partitions_and_latest()[1])
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        finish = decode_offsets(end)
+        begin = {p: decode_offsets(start).get(p, 0) for p in finish}
+        return _input_partitions(begin, finish, self.options.max_transactions_per_split)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, WaltzInputPartition)
+        yield from read_split(self.options, partition.split)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the log keeps everything (no consumer position to store)."""
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -1,0 +1,64 @@
+"""Reading one split (a range of one partition) as Arrow record batches, on an executor."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from waltz_client.blocking import BlockingWaltzClient
+from waltz_client.client import MissingTransactions, WaltzError
+from waltz_client.config import WaltzClientConfig
+
+from .arrow import to_arrow
+from .options import ReadOptions
+from .planning import Split
+
+log = logging.getLogger(__name__)
+
+
+def client_config(zookeeper: str, zk_root: str, request_timeout: float) -> WaltzClientConfig:
+    """A client that reads and writes but mounts nothing: no feed to apply."""
+    return WaltzClientConfig(
+        zookeeper=zookeeper, zk_root=zk_root, request_timeout=request_timeout, feed=False
+    )
+
+
+def read_split(options: ReadOptions, split: Split) -> Iterator[pa.RecordBatch]:
+    """The split's transactions in order, a range-read response at a time. Transactions
+    gone from the log (below the retention mark) fail the read, or with
+    ``failOnDataLoss=false`` are skipped and logged."""
+    if not len(split):
+        return
+    config = client_config(options.zookeeper, options.zk_root, options.request_timeout)
+    with BlockingWaltzClient(config) as client:
+        start = split.start
+        while start < split.end:
+            try:
+                for batch in client.read_batches(
+                    split.partition,
+                    start,
+                    split.end - 1,
+                    batch_records=min(options.fetch_records, split.end - start),
+                    batch_bytes=options.fetch_bytes,
+                ):
+                    yield to_arrow(split.partition, batch)
+                    start = batch.last_txid + 1
+            except MissingTransactions as e:
+                if options.fail_on_data_loss:
+                    raise WaltzError(
+                        f"{e}; set the option failOnDataLoss=false to skip what is gone"
+                    ) from e
+                skipped = min(e.first_available, split.end) - start
+                log.warning(
+                    "partition %d: skipped %d transactions (%d..%d) no longer in the log "
+                    "(failOnDataLoss=false)",
+                    split.partition,
+                    skipped,
+                    start,
+                    start + skipped - 1,
+                )
+                start += skipped
+            else:
+                return
