@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from dataclasses import dataclass
 
 from ..dbapi import DatabaseCallbacks
@@ -113,8 +114,8 @@ class Transfer(TransactionContext):
         if balance < self.amount:
             self.insufficient = True
             return False
-        builder.set_data(
-            json.dumps({"from": self.source, "to": self.target, "amount": self.amount}).encode()
-        )
+        transfer = {"from": self.source, "to": self.target, "amount": self.amount}
+        transfer["at"] = round(time.time(), 3)  # for reports over time (the Spark example)
+        builder.set_data(json.dumps(transfer).encode())
         builder.set_write_locks(Lock("account", self.source), Lock("account", self.target))
         return True

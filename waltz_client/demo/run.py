@@ -62,7 +62,8 @@ def say(message: str) -> None:
     print(f"[waltz demo] {message}", flush=True)
 
 
-async def _run(args: argparse.Namespace, cluster: LocalCluster) -> int:
+async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
+    """The bank workload and its checks on a started cluster; 0 when every check passes."""
     paths = [os.path.join(cluster.data_dir, f"bank-{i}.db") for i in range(args.clients)]
     initial = 1000
     for path in paths:
@@ -217,7 +218,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     say(f"starting a local cluster in {cluster.data_dir}")
     cluster.start(say)
     try:
-        return asyncio.run(_run(args, cluster))
+        return asyncio.run(run_bank(args, cluster))
     finally:
         say("stopping the cluster")
         cluster.stop()

@@ -1,0 +1,214 @@
+"""``waltz spark``: the Spark source's benchmark and example pipeline.
+
+Registered through the ``waltz.commands`` entry point; pyspark is imported only
+when a command runs, so ``waltz`` works without the spark extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import threading
+import time
+
+from waltz_client.client import WaltzClient
+from waltz_client.config import WaltzClientConfig
+from waltz_client.demo.common import check_at_least_one, fresh_cluster
+from waltz_client.local.cluster import LocalCluster
+from waltz_client.transaction import TransactionBuilder, TransactionContext
+
+
+def register(groups: argparse._SubParsersAction) -> None:
+    spark = groups.add_parser("spark", help="the Spark source: benchmark and example pipeline")
+    commands = spark.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    b = commands.add_parser("bench", help="batch read throughput and streaming latency")
+    b.add_argument("--data-dir", default=".waltz-local/spark-bench", help="wiped and reused")
+    b.add_argument("--transactions", type=int, default=1_000_000, help="to read (default 1e6)")
+    b.add_argument("--size", type=int, default=1024, help="bytes each (default 1024)")
+    b.add_argument("--partitions", type=int, default=4, help="partitions (default 4)")
+    b.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    b.add_argument("--split", type=int, default=100_000, help="maxTransactionsPerSplit")
+    b.add_argument("--stream-rate", type=float, default=5000.0, help="tx/s while streaming")
+    b.add_argument("--stream-seconds", type=float, default=20.0, help="0: no streaming run")
+    b.set_defaults(func=cmd_bench)
+
+
+class _Put(TransactionContext):
+    __slots__ = ("data", "partition")
+
+    def __init__(self, partition: int, data: bytes) -> None:
+        self.partition, self.data = partition, data
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(self.partition)
+        builder.set_data(self.data)
+        return True
+
+
+def _config(cluster: LocalCluster) -> WaltzClientConfig:
+    return WaltzClientConfig(
+        cluster.zookeeper_connect,
+        zk_root=cluster.layout.root,
+        feed=False,
+        max_outstanding_appends=2000,
+        max_retries=1000,
+    )
+
+
+async def _fill(cluster: LocalCluster, count: int, size: int, partitions: int) -> float:
+    payload = os.urandom(size)
+    started = time.perf_counter()
+    async with WaltzClient(_config(cluster)) as client:
+        work = iter(range(count))
+
+        async def worker() -> None:
+            for i in work:
+                result = await client.submit(_Put(i % partitions, payload))
+                if not result.committed:
+                    raise RuntimeError(f"fill: {result.reason}")
+
+        await asyncio.gather(*(worker() for _ in range(2000)))
+    return time.perf_counter() - started
+
+
+async def _produce_at(
+    cluster: LocalCluster, rate: float, seconds: float, size: int, partitions: int, committed
+) -> None:
+    """Open loop at ``rate`` tx/s; ``committed[(partition, txid)]`` = commit time."""
+    payload = os.urandom(size)
+    async with WaltzClient(_config(cluster)) as client:
+        running: set[asyncio.Task] = set()
+
+        async def one(i: int) -> None:
+            result = await client.submit(_Put(i % partitions, payload))
+            if result.committed:
+                committed[(i % partitions, result.transaction_id)] = time.time()
+
+        started = time.perf_counter()
+        i = 0
+        total = int(rate * seconds)
+        while i < total:
+            due = min(total, int((time.perf_counter() - started) * rate) + 1)
+            while i < due:
+                task = asyncio.ensure_future(one(i))
+                running.add(task)
+                task.add_done_callback(running.discard)
+                i += 1
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*running)
+
+
+def _pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if not check_at_least_one("waltz spark bench", args, "transactions", "partitions", "split"):
+        return 2
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from waltz_client.spark import WaltzDataSource
+
+    cluster = fresh_cluster(args.data_dir, args.partitions, 1, [])
+    print(f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions")
+    cluster.start()
+    spark = None
+    try:
+        seconds = asyncio.run(_fill(cluster, args.transactions, args.size, args.partitions))
+        print(
+            f"wrote {args.transactions:,} transactions of {args.size} bytes in {seconds:.1f} s "
+            f"({args.transactions / seconds:,.0f} tx/s)"
+        )
+        spark = (
+            SparkSession.builder.master(args.master)
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(WaltzDataSource)
+        options = {"zookeeper": cluster.zookeeper_connect, "zkRoot": cluster.layout.root}
+
+        def batch_read() -> tuple[float, int, int]:
+            started = time.perf_counter()
+            df = spark.read.format("waltz").options(**options)
+            df = df.option("maxTransactionsPerSplit", str(args.split)).load()
+            row = df.agg(F.count("*"), F.sum(F.length("data"))).collect()[0]
+            return time.perf_counter() - started, row[0], row[1]
+
+        batch_read()  # warm: Python workers, JIT
+        elapsed, rows, data_bytes = batch_read()
+        print(
+            f"batch read ({args.master}, splits of {args.split:,}): {rows:,} transactions, "
+            f"{data_bytes / 1e6:,.0f} MB in {elapsed:.2f} s: {rows / elapsed:,.0f} tx/s, "
+            f"{data_bytes / elapsed / 1e6:,.0f} MB/s"
+        )
+        if args.stream_seconds > 0:
+            _stream_latency(spark, cluster, options, args)
+    finally:
+        if spark is not None:
+            spark.stop()
+        cluster.stop()
+    print(f"{os.cpu_count()} CPUs ({platform.machine()}), fsync on")
+    return 0
+
+
+def _stream_latency(spark, cluster: LocalCluster, options: dict, args) -> None:
+    """Commit -> sink latency of a streaming query while a producer writes at a steady
+    rate: the sink is a foreachBatch on the driver that notes when each transaction
+    arrives."""
+    committed: dict[tuple[int, int], float] = {}
+    seen: dict[tuple[int, int], float] = {}
+
+    def sink(batch_df, batch_id: int) -> None:
+        rows = batch_df.select("partition", "transaction_id").collect()
+        now = time.time()
+        for r in rows:
+            seen[(r.partition, r.transaction_id)] = now
+
+    query = (
+        spark.readStream.format("waltz")
+        .options(**options)
+        .option("startingOffsets", "latest")
+        .load()
+        .writeStream.foreachBatch(sink)
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        time.sleep(5)  # the first (empty) micro-batches start the Python workers
+        producer = threading.Thread(
+            target=lambda: asyncio.run(
+                _produce_at(
+                    cluster,
+                    args.stream_rate,
+                    args.stream_seconds,
+                    args.size,
+                    args.partitions,
+                    committed,
+                )
+            )
+        )
+        producer.start()
+        producer.join()
+        deadline = time.time() + 60
+        while time.time() < deadline and not set(committed) <= set(seen):
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    latencies = sorted(seen[k] - t for k, t in committed.items() if k in seen)
+    missing = len(set(committed) - set(seen))
+    print(
+        f"streaming at {args.stream_rate:,.0f} tx/s for {args.stream_seconds:g} s "
+        f"(trigger as fast as possible): commit -> sink p50 {_pct(latencies, 0.5) * 1e3:,.0f} "
+        f"ms, p99 {_pct(latencies, 0.99) * 1e3:,.0f} ms, max {latencies[-1] * 1e3:,.0f} ms; "
+        f"{len(latencies):,} seen, {missing} missing"
+    )
