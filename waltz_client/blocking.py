@@ -68,11 +68,17 @@ class BlockingWaltzClient:
         *,
         batch_records: int = 1000,
         batch_bytes: int = 4 * 1024 * 1024,
+        in_flight: int = 1,
     ) -> Iterator[RecordBatch]:
-        """``WaltzClient.read_batches``, with the next request already on its way while
-        the caller works on a batch."""
+        """``WaltzClient.read_batches``, with the next batch already on its way while
+        the caller works on one."""
         agen = self.client.read_batches(
-            partition_id, start, stop, batch_records=batch_records, batch_bytes=batch_bytes
+            partition_id,
+            start,
+            stop,
+            batch_records=batch_records,
+            batch_bytes=batch_bytes,
+            in_flight=in_flight,
         )
         ahead = asyncio.run_coroutine_threadsafe(agen.__anext__(), self._loop)
         try:

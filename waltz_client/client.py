@@ -15,6 +15,7 @@ attempt is executed again against a newer high-water mark.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import itertools
@@ -271,6 +272,10 @@ class WaltzClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def client_id(self) -> int:
@@ -735,35 +740,97 @@ class WaltzClient:
         *,
         batch_records: int = 1000,
         batch_bytes: int = 4 * 1024 * 1024,
+        in_flight: int = 1,
     ) -> AsyncIterator[RecordBatch]:
         """``read``, a response at a time: record batches as the server sent them (bulk
         readers such as the Spark source decode them without one object per record). A
-        gap below ``start`` or between batches raises: the log has no holes."""
-        if start < 0 or batch_records < 1 or batch_bytes < 1 or (stop is not None and stop < -1):
+        gap below ``start`` or between batches raises: the log has no holes. With a
+        ``stop`` and ``in_flight`` > 1, that many requests for consecutive ranges are
+        under way at once, so the storage node, the server and this client work on
+        different batches at the same time."""
+        if (
+            start < 0
+            or batch_records < 1
+            or batch_bytes < 1
+            or in_flight < 1
+            or (stop is not None and stop < -1)
+        ):
             raise ValueError(
                 f"read({partition_id}, {start}, {stop}): need start >= 0, stop >= -1 and "
-                f"positive batch sizes"
+                f"positive batch sizes and in_flight"
             )
+        if stop is not None and in_flight > 1:
+            async for batch in self._read_pipelined(
+                partition_id, start, stop, batch_records, batch_bytes, in_flight
+            ):
+                yield batch
+            return
         next_txid = start
         while stop is None or next_txid <= stop:
             count = batch_records if stop is None else min(batch_records, stop - next_txid + 1)
-            answer = await self._rpc(
-                partition_id,
-                lambda q, t=next_txid, n=count: ReadRangeRequest(q, t, n, batch_bytes),
-            )
-            assert isinstance(answer, ReadRangeResponse)
-            batch = answer.records
-            if not len(batch):
-                if stop is not None and stop > answer.high_water_mark:
-                    raise WaltzError(
-                        f"partition {partition_id}: transaction {stop} is not committed "
-                        f"(high-water mark {answer.high_water_mark})"
-                    )
+            batch = await self._read_range(partition_id, next_txid, count, batch_bytes, stop)
+            if batch is None:
                 return
-            if batch.first_txid != next_txid:
-                raise MissingTransactions(partition_id, next_txid, batch.first_txid)
             yield batch
             next_txid = batch.last_txid + 1
+
+    async def _read_range(
+        self, partition_id: int, first: int, count: int, batch_bytes: int, stop: int | None
+    ) -> RecordBatch | None:
+        """One range read from ``first``; None at the end of the log (no ``stop``)."""
+        answer = await self._rpc(
+            partition_id, lambda q: ReadRangeRequest(q, first, count, batch_bytes)
+        )
+        assert isinstance(answer, ReadRangeResponse)
+        batch = answer.records
+        if not len(batch):
+            if stop is not None and stop > answer.high_water_mark:
+                raise WaltzError(
+                    f"partition {partition_id}: transaction {stop} is not committed "
+                    f"(high-water mark {answer.high_water_mark})"
+                )
+            return None
+        if batch.first_txid != first:
+            raise MissingTransactions(partition_id, first, batch.first_txid)
+        return batch
+
+    async def _read_pipelined(
+        self,
+        partition_id: int,
+        start: int,
+        stop: int,
+        batch_records: int,
+        batch_bytes: int,
+        in_flight: int,
+    ) -> AsyncIterator[RecordBatch]:
+        pending: collections.deque[tuple[int, int, asyncio.Task]] = collections.deque()
+        next_txid = start
+        try:
+            while pending or next_txid <= stop:
+                while len(pending) < in_flight and next_txid <= stop:
+                    count = min(batch_records, stop - next_txid + 1)
+                    task = asyncio.ensure_future(
+                        self._read_range(partition_id, next_txid, count, batch_bytes, stop)
+                    )
+                    pending.append((next_txid, count, task))
+                    next_txid += count
+                first, count, task = pending.popleft()
+                batch = await task
+                if batch is None:  # stop is above the high-water mark: _read_range raised
+                    return
+                yield batch
+                # A response cut short by batch_bytes: the rest of its range, in order.
+                rest = batch.last_txid + 1
+                while rest < first + count:
+                    more = await self._read_range(
+                        partition_id, rest, first + count - rest, batch_bytes, stop
+                    )
+                    assert more is not None
+                    yield more
+                    rest = more.last_txid + 1
+        finally:
+            for _, _, task in pending:
+                task.cancel()
 
 
 def _hook(context: TransactionContext, name: str, *args: Any) -> None:

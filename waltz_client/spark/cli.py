@@ -204,6 +204,11 @@ def _stream_latency(spark, cluster: LocalCluster, options: dict, args) -> None:
             time.sleep(0.2)
     finally:
         query.stop()
+    busy = [p for p in query.recentProgress if p["numInputRows"]]
+    phases: dict[str, float] = {}
+    for progress in busy:
+        for phase, ms in progress["durationMs"].items():
+            phases[phase] = phases.get(phase, 0) + ms / len(busy)
     latencies = sorted(seen[k] - t for k, t in committed.items() if k in seen)
     missing = len(set(committed) - set(seen))
     print(
@@ -211,4 +216,8 @@ def _stream_latency(spark, cluster: LocalCluster, options: dict, args) -> None:
         f"(trigger as fast as possible): commit -> sink p50 {_pct(latencies, 0.5) * 1e3:,.0f} "
         f"ms, p99 {_pct(latencies, 0.99) * 1e3:,.0f} ms, max {latencies[-1] * 1e3:,.0f} ms; "
         f"{len(latencies):,} seen, {missing} missing"
+    )
+    print(
+        f"micro-batches with data: {len(busy)} (last 100 kept), mean ms per phase: "
+        + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]))
     )

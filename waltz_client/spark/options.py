@@ -36,8 +36,9 @@ class ReadOptions:
     max_transactions_per_trigger: int | None = None  # streaming only
     fail_on_data_loss: bool = True
     request_timeout: float = 30.0
-    fetch_records: int = 10_000  # per range-read request
-    fetch_bytes: int = 8 * 1024 * 1024
+    fetch_records: int = 2000  # per range-read request
+    fetch_bytes: int = 16 * 1024 * 1024
+    fetch_in_flight: int = 4  # range-read requests under way at once, per task
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ _READ = (
     "failondataloss",
     "fetchrecords",
     "fetchbytes",
+    "fetchinflight",
 )
 _WRITE = (*_COMMON, "lockname", "lockhighwatermark", "maxretries", "maxinflight")
 # Spark adds these itself (load(path), save(path), a stream sink's checkpoint); not ours.
@@ -84,6 +86,7 @@ _SPELLING = {
         "failOnDataLoss",
         "fetchRecords",
         "fetchBytes",
+        "fetchInFlight",
         "lockName",
         "lockHighWaterMark",
         "maxRetries",
@@ -138,6 +141,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         request_timeout=_seconds(given, "requesttimeout", ReadOptions.request_timeout),
         fetch_records=_integer(given, "fetchrecords", 1, ReadOptions.fetch_records, 1_000_000),
         fetch_bytes=_integer(given, "fetchbytes", 1024, ReadOptions.fetch_bytes, 2**30),
+        fetch_in_flight=_integer(given, "fetchinflight", 1, ReadOptions.fetch_in_flight, 64),
     )
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -25,40 +28,65 @@ def client_config(zookeeper: str, zk_root: str, request_timeout: float) -> Waltz
     )
 
 
+_clients: dict[tuple[str, str, float], BlockingWaltzClient] = {}
+_clients_lock = threading.Lock()
+
+
+def shared_client(options: ReadOptions) -> BlockingWaltzClient:
+    """One client per cluster for the whole Python worker: Spark reuses its workers, and
+    a client costs a ZooKeeper session and a connection to each server to set up."""
+    key = (options.zookeeper, options.zk_root, options.request_timeout)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None or client.client.closed:
+            client = BlockingWaltzClient(client_config(*key))
+            _clients[key] = client
+        return client
+
+
+@atexit.register
+def _close_clients() -> None:
+    with _clients_lock:
+        for client in _clients.values():
+            with contextlib.suppress(Exception):  # the interpreter is going
+                client.close()
+        _clients.clear()
+
+
 def read_split(options: ReadOptions, split: Split) -> Iterator[pa.RecordBatch]:
     """The split's transactions in order, a range-read response at a time. Transactions
     gone from the log (below the retention mark) fail the read, or with
     ``failOnDataLoss=false`` are skipped and logged."""
     if not len(split):
         return
-    config = client_config(options.zookeeper, options.zk_root, options.request_timeout)
-    with BlockingWaltzClient(config) as client:
-        start = split.start
-        while start < split.end:
-            try:
-                for batch in client.read_batches(
-                    split.partition,
-                    start,
-                    split.end - 1,
-                    batch_records=min(options.fetch_records, split.end - start),
-                    batch_bytes=options.fetch_bytes,
-                ):
-                    yield to_arrow(split.partition, batch)
-                    start = batch.last_txid + 1
-            except MissingTransactions as e:
-                if options.fail_on_data_loss:
-                    raise WaltzError(
-                        f"{e}; set the option failOnDataLoss=false to skip what is gone"
-                    ) from e
-                skipped = min(e.first_available, split.end) - start
-                log.warning(
-                    "partition %d: skipped %d transactions (%d..%d) no longer in the log "
-                    "(failOnDataLoss=false)",
-                    split.partition,
-                    skipped,
-                    start,
-                    start + skipped - 1,
-                )
-                start += skipped
-            else:
-                return
+    client = shared_client(options)
+    start = split.start
+    while start < split.end:
+        try:
+            for batch in client.read_batches(
+                split.partition,
+                start,
+                split.end - 1,
+                batch_records=min(options.fetch_records, split.end - start),
+                batch_bytes=options.fetch_bytes,
+                in_flight=options.fetch_in_flight,
+            ):
+                yield to_arrow(split.partition, batch)
+                start = batch.last_txid + 1
+        except MissingTransactions as e:
+            if options.fail_on_data_loss:
+                raise WaltzError(
+                    f"{e}; set the option failOnDataLoss=false to skip what is gone"
+                ) from e
+            skipped = min(e.first_available, split.end) - start
+            log.warning(
+                "partition %d: skipped %d transactions (%d..%d) no longer in the log "
+                "(failOnDataLoss=false)",
+                split.partition,
+                skipped,
+                start,
+                start + skipped - 1,
+            )
+            start += skipped
+        else:
+            return
