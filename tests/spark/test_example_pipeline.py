@@ -21,7 +21,7 @@ def test_the_example_pipeline_agrees_with_the_bank(spark, tmp_path, zookeeper_av
     finally:
         sys.path.pop(0)
     code = run_demo.main(
-        ["--data-dir", str(tmp_path / "demo"), "--transfers", "400", "--no-faults",
+        ["--data-dir", str(tmp_path / "demo"), "--transfers", "200", "--no-faults",
          "--max-per-trigger", "100"]
     )  # fmt: skip
     out = capsys.readouterr().out

@@ -53,13 +53,16 @@ def _close_clients() -> None:
         _clients.clear()
 
 
-def read_split(options: ReadOptions, split: Split) -> Iterator[pa.RecordBatch]:
+def read_split(
+    options: ReadOptions, split: Split, client: BlockingWaltzClient | None = None
+) -> Iterator[pa.RecordBatch]:
     """The split's transactions in order, a range-read response at a time. Transactions
     gone from the log (below the retention mark) fail the read, or with
     ``failOnDataLoss=false`` are skipped and logged."""
     if not len(split):
         return
-    client = shared_client(options)
+    if client is None:
+        client = shared_client(options)
     start = split.start
     while start < split.end:
         try:
