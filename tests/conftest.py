@@ -8,6 +8,7 @@ ZooKeeper jars (``pip install 'waltz[local]'``) are missing.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -20,6 +21,14 @@ from waltz_client.local.zookeeper import (
     find_java,
     find_zookeeper_classpath,
 )
+
+# Parallel workers (pytest-xdist, `make test`) pick local cluster ports from disjoint
+# slices (waltz_client.local.cluster._port_range says why).
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ["WALTZ_PORT_SLICE"] = (
+        f"{int(os.environ['PYTEST_XDIST_WORKER'][2:])}/"
+        f"{int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))}"
+    )
 
 
 def require_zookeeper() -> None:

@@ -60,16 +60,38 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def _port_range() -> tuple[int, int]:
+    """Where ports are picked: the 12,000 below the kernel's ephemeral range, or the
+    ``i``-th of ``n`` slices of them with ``WALTZ_PORT_SLICE=i/n``. Processes that start
+    clusters at the same time (parallel test workers) use disjoint slices: a port is
+    free when picked but bound only when its daemon starts, so two pickers could
+    otherwise both take it."""
+    low, _ = _ephemeral_range()
+    first, last = max(1024, low - 12000), max(1025, low - 1)
+    given = os.environ.get("WALTZ_PORT_SLICE", "")
+    if given:
+        try:
+            index, count = (int(x) for x in given.split("/"))
+        except ValueError:
+            raise LocalClusterError(f"WALTZ_PORT_SLICE={given!r}: expected i/n, as 0/2") from None
+        if not 0 <= index < count:
+            raise LocalClusterError(f"WALTZ_PORT_SLICE={given!r}: need 0 <= i < n")
+        width = (last - first) // count
+        first += index * width
+        last = first + width
+    return first, last
+
+
 def _free_port(taken: set[int]) -> int:
     """A free port below the kernel's ephemeral range, not in ``taken`` (which it joins):
     the ports are kept across restarts (the replica assignment names storage nodes by
     host:port), and a port from the ephemeral range may meanwhile become some outgoing
     connection's source port. ``taken``: ports already picked for this cluster (each is
     free again once picked, so a second pick could return it)."""
-    low, _ = _ephemeral_range()
+    first, last = _port_range()
     rng = random.SystemRandom()
     for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), max(1025, low - 1))
+        port = rng.randrange(first, last)
         if port in taken:
             continue
         with socket.socket() as s:
