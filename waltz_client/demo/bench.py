@@ -20,7 +20,7 @@ from ..client import SubmitStatus, WaltzClient
 from ..config import WaltzClientConfig
 from ..local.cluster import LocalCluster
 from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
-from .common import check_at_least_one, fresh_cluster
+from .common import check_at_least_one, fresh_cluster, open_loop
 
 
 def register(groups: argparse._SubParsersAction) -> None:
@@ -107,20 +107,7 @@ async def _produce(args, cluster: LocalCluster) -> dict:
 
     started = time.perf_counter()
     if args.rate > 0:
-        # Every millisecond or so, start whatever the schedule says is due by now. Only
-        # unfinished tasks are kept: 50,000 finished ones would make the garbage
-        # collector's pauses part of the measured latency.
-        running: set[asyncio.Task] = set()
-        i = 0
-        while i < args.transactions:
-            due = min(args.transactions, int((time.perf_counter() - started) * args.rate) + 1)
-            while i < due:
-                task = asyncio.ensure_future(one(i))
-                running.add(task)
-                task.add_done_callback(running.discard)
-                i += 1
-            await asyncio.sleep(0.001)
-        await asyncio.gather(*running)
+        await open_loop(args.rate, args.transactions, one)
     else:
         queue = iter(range(args.transactions))
 

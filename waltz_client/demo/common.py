@@ -4,7 +4,10 @@ local cluster."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
+import time
+from collections.abc import Awaitable, Callable
 
 from ..local.cluster import LocalCluster
 
@@ -34,3 +37,23 @@ def fresh_cluster(
         servers=servers,
         server_args=server_args,
     )
+
+
+async def open_loop(rate: float, total: int, one: Callable[[int], Awaitable[None]]) -> None:
+    """Start ``one(0) .. one(total - 1)`` on schedule, ``rate`` per second, whatever the
+    earlier ones are doing; return once all have finished. Every millisecond or so it
+    starts what the schedule says is due by now. Only unfinished tasks are kept: tens of
+    thousands of finished ones would make the garbage collector's pauses part of the
+    measured latency."""
+    running: set[asyncio.Task] = set()
+    started = time.perf_counter()
+    i = 0
+    while i < total:
+        due = min(total, int((time.perf_counter() - started) * rate) + 1)
+        while i < due:
+            task = asyncio.ensure_future(one(i))
+            running.add(task)
+            task.add_done_callback(running.discard)
+            i += 1
+        await asyncio.sleep(0.001)
+    await asyncio.gather(*running)

@@ -16,7 +16,7 @@ import time
 
 from waltz_client.client import WaltzClient
 from waltz_client.config import WaltzClientConfig
-from waltz_client.demo.common import check_at_least_one, fresh_cluster
+from waltz_client.demo.common import check_at_least_one, fresh_cluster, open_loop
 from waltz_client.local.cluster import LocalCluster
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 
@@ -83,25 +83,13 @@ async def _produce_at(
     """Open loop at ``rate`` tx/s; ``committed[(partition, txid)]`` = commit time."""
     payload = os.urandom(size)
     async with WaltzClient(_config(cluster)) as client:
-        running: set[asyncio.Task] = set()
 
         async def one(i: int) -> None:
             result = await client.submit(_Put(i % partitions, payload))
             if result.committed:
                 committed[(i % partitions, result.transaction_id)] = time.time()
 
-        started = time.perf_counter()
-        i = 0
-        total = int(rate * seconds)
-        while i < total:
-            due = min(total, int((time.perf_counter() - started) * rate) + 1)
-            while i < due:
-                task = asyncio.ensure_future(one(i))
-                running.add(task)
-                task.add_done_callback(running.discard)
-                i += 1
-            await asyncio.sleep(0.001)
-        await asyncio.gather(*running)
+        await open_loop(rate, int(rate * seconds), one)
 
 
 def _pct(values: list[float], q: float) -> float:
