@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from waltz_client.cluster.metadata import key_fingerprint
 from waltz_client.wire.records import Record, RecordBatch, ReqId
 from waltz_storage import admin
 from waltz_storage import segment as segmod
@@ -702,7 +703,9 @@ def test_a_damaged_segment_header_refuses_to_open(tmp_path: Path, offset: int) -
 
 def test_a_segment_of_another_cluster_or_name_refuses_to_open(tmp_path: Path) -> None:
     build_log(tmp_path, make_records(0, 5))
-    with pytest.raises(CorruptSegment, match=f"belongs to cluster {str(KEY)[:8]}"):
+    with pytest.raises(
+        CorruptSegment, match=f"belongs to the cluster whose key is {key_fingerprint(KEY)}"
+    ):
         PartitionLog.open(str(tmp_path), PARTITION, OTHER_KEY)
     with pytest.raises(CorruptSegment, match="header says partition 3"):
         PartitionLog.open(str(tmp_path), 4, KEY)

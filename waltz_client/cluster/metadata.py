@@ -8,6 +8,7 @@ raises MetadataError naming the field. docs/zookeeper.md has the schemas.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -78,6 +79,12 @@ def validate_storage_address(address: str) -> str:
 
 
 # --- cluster parameters ---------------------------------------------------------------
+
+
+def key_fingerprint(key: uuid.UUID) -> str:
+    """A cluster key's name for messages and logs: its SHA-256 prefix, which tells two keys
+    apart without revealing either (the key itself is never printed, even in part)."""
+    return "sha256:" + hashlib.sha256(key.bytes).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

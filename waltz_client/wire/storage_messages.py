@@ -68,6 +68,7 @@ class StorageError(IntEnum):
     TRANSACTION_NOT_FOUND = 10
     TRUNCATE_REFUSED = 11
     IO_ERROR = 12
+    SESSION_UNKNOWN = 13  # newer than any session the cluster metadata records
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from kazoo.exceptions import NoNodeError
 
 from waltz_client.cluster.admin import read_params
 from waltz_client.cluster.metadata import (
+    NO_SESSION,
     ClusterParams,
     MetadataError,
     PartitionMetadata,
@@ -28,6 +29,9 @@ from waltz_client.cluster.replica_safety import still_needed
 from waltz_client.cluster.zk import ClusterError, close, connect
 
 log = logging.getLogger(__name__)
+
+# How long a new session's first request may wait for ZooKeeper to confirm it.
+SESSION_CHECK_TIMEOUT = 10.0
 
 
 def partitions_of(assignment: ReplicaAssignment, address: str) -> set[int]:
@@ -134,6 +138,22 @@ class ClusterFollower:
             return needed
 
         return await asyncio.get_running_loop().run_in_executor(None, read)
+
+    def recorded_session(self, partition_id: int) -> int:
+        """The newest store session the partition's metadata records (NO_SESSION if none).
+
+        Blocking, for a worker thread. A ``sync`` first: this node's ZooKeeper member
+        may lag behind the one the server just wrote the session to."""
+        zk = self._zk
+        if zk is None:
+            raise ClusterError("not connected to ZooKeeper")
+        path = self.paths.partition(partition_id)
+        try:
+            zk.sync_async(path).get(timeout=SESSION_CHECK_TIMEOUT)
+            data, _ = zk.get_async(path).get(timeout=SESSION_CHECK_TIMEOUT)
+        except NoNodeError:
+            return NO_SESSION
+        return PartitionMetadata.decode(data).session_id
 
     def watch_partition(self, partition_id: int, on_change: Callable[[], None]) -> None:
         """Call ``on_change`` on the event loop whenever the partition's metadata changes,

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from waltz_client.cluster.metadata import ReplicaAssignment
+from waltz_client.cluster.metadata import ReplicaAssignment, key_fingerprint
 from waltz_client.daemon import run_daemon, start_http, write_ready_file
 from waltz_client.partition_ranges import format_partition_ranges
 
@@ -56,8 +56,8 @@ async def serve(config: StorageConfig) -> int:
         if key is not None and key != params.key:
             await follower.close()
             return _error(
-                f"setting cluster_key {str(key)[:8]}... differs from the key of the cluster at "
-                f"{config.zk_root}, {str(params.key)[:8]}..."
+                f"setting cluster_key ({key_fingerprint(key)}) differs from the key of the "
+                f"cluster at {config.zk_root} ({key_fingerprint(params.key)})"
             )
         key, num_partitions = params.key, params.num_partitions
     assert key is not None and num_partitions is not None
@@ -79,6 +79,8 @@ async def serve(config: StorageConfig) -> int:
             f"setting directory ({config.directory}): cannot use it as the storage "
             f"directory: {e.strerror or e}"
         )
+    if follower is not None:
+        node.verify_sessions_with(follower.recorded_session)
     server = StorageServer(node, server_settings)
     try:
         port = await server.start(config.host, config.port)

@@ -30,6 +30,8 @@ import uuid
 from array import array
 from dataclasses import dataclass
 
+from waltz_client.cluster.metadata import key_fingerprint
+
 from . import segment as seg
 from .errors import CorruptSegment
 from .segment import (
@@ -276,7 +278,8 @@ def scan_segment(
         _, created, key, stored_partition, stored_first = decode_header(header, path)
         if cluster_key is not None and key != cluster_key:
             raise CorruptSegment(
-                f"{path}: belongs to cluster {str(key)[:8]}..., not {str(cluster_key)[:8]}..."
+                f"{path}: belongs to the cluster whose key is {key_fingerprint(key)}, not "
+                f"{key_fingerprint(cluster_key)}"
             )
         if stored_partition != partition_id or stored_first != first_txid:
             raise CorruptSegment(

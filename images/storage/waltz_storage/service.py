@@ -14,8 +14,10 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from waltz_client.cluster.metadata import key_fingerprint
 from waltz_client.wire.storage_messages import (
     AppendRequest,
     FailureResponse,
@@ -63,6 +65,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
+# The newest store session the cluster metadata records for a partition (the server
+# writes a session there before it uses it). Blocking: called on a worker thread.
+SessionAuthority = Callable[[int], int]
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
@@ -70,10 +76,6 @@ class EngineSettings:
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     # Bytes a crash can leave unsynced at the end of a log: one write group.
     max_torn_bytes: int = DEFAULT_MAX_TORN_BYTES
-
-
-def short_key(key: uuid.UUID) -> str:
-    return str(key)[:8]
 
 
 class PartitionService:
@@ -101,6 +103,13 @@ class PartitionService:
         self._recovered_end = recovered_end  # a refused partition: where its intact log ends
         self._label = str(partition_id)
         self._lock = threading.Lock()  # guards snapshot() against a concurrent process()
+        # Set by the daemon when it follows ZooKeeper: a newer session is adopted only
+        # once the metadata records it, so a stranger cannot fence the owner out.
+        self.session_authority: SessionAuthority | None = None
+        # A store session truncates only before it appends: no Truncate in a session
+        # that appended here, or that was current when this node opened (a session
+        # never continues on a replica it lost its connection to).
+        self._no_truncate_through = self.info.fence_session_id
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
@@ -223,6 +232,9 @@ class PartitionService:
                 f"the current session {current}",
             )
         if request.session_id > current:
+            unknown = self._unrecorded(request.session_id)
+            if unknown is not None:
+                return self._failure(request, StorageError.SESSION_UNKNOWN, unknown)
             try:
                 self.info = self._control.write_partition(
                     self.partition_id, replace(self.info, fence_session_id=request.session_id)
@@ -230,6 +242,27 @@ class PartitionService:
             except OSError as e:
                 self._fail(f"could not persist session {request.session_id}: {e}")
                 return self._failure(request, StorageError.IO_ERROR, self.unavailable or "")
+        return None
+
+    def _unrecorded(self, session_id: int) -> str | None:
+        """Why ``session_id`` may not be adopted, or None when the metadata records it."""
+        authority = self.session_authority
+        if authority is None:
+            return None
+        p = self.partition_id
+        try:
+            recorded = authority(p)
+        except Exception as e:
+            return (
+                f"partition {p}: cannot check session {session_id} against the cluster "
+                f"metadata ({type(e).__name__}: {e}); retry"
+            )
+        if session_id > recorded:
+            return (
+                f"partition {p}: session {session_id} is newer than the newest session the "
+                f"cluster metadata records ({recorded}); a server records a session before "
+                f"using it"
+            )
         return None
 
     def _dispatch(self, request: StorageMessage) -> StorageMessage | None:
@@ -240,6 +273,7 @@ class PartitionService:
         match request:
             case AppendRequest(records=batch):
                 log_.append(batch)
+                self._no_truncate_through = max(self._no_truncate_through, s)
                 return None
             case MaxTransactionIdRequest():
                 return MaxTransactionIdResponse(s, q, p, log_.max_txid)
@@ -249,13 +283,20 @@ class PartitionService:
                     s, q, p, info.session_id, info.low_water_mark, info.local_low_water_mark
                 )
             case SetLowWaterMarkRequest(low_water_mark=mark):
+                local = min(mark, log_.max_txid)
+                if local < self.info.local_low_water_mark:
+                    raise TruncateRefused(
+                        f"partition {self.partition_id}: session {s} would lower the local "
+                        f"low-water mark from {self.info.local_low_water_mark} to {local}; "
+                        f"the committed prefix never shrinks"
+                    )
                 self.info = self._control.write_partition(
                     self.partition_id,
                     replace(
                         self.info,
                         session_id=s,
                         low_water_mark=mark,
-                        local_low_water_mark=min(mark, log_.max_txid),
+                        local_low_water_mark=local,
                     ),
                 )
                 return SuccessResponse(s, q, p)
@@ -266,6 +307,12 @@ class PartitionService:
                         f"partition {self.partition_id}: truncating to {txid} would drop "
                         f"transactions up to the local low-water mark {floor}, which are "
                         f"committed"
+                    )
+                if txid < log_.max_txid and s <= self._no_truncate_through:
+                    raise TruncateRefused(
+                        f"partition {self.partition_id}: session {s} may not truncate here: "
+                        f"it appended to this replica, or was current when the node started "
+                        f"(a store session truncates only before it appends)"
                     )
                 log_.truncate(txid)
                 return SuccessResponse(s, q, p)
@@ -356,6 +403,13 @@ class StorageNode:
         self.control = control
         self.partitions = services
         self.metrics = metrics
+        self.session_authority: SessionAuthority | None = None
+
+    def verify_sessions_with(self, authority: SessionAuthority) -> None:
+        """From now on, adopt a newer session only once the cluster metadata records it."""
+        self.session_authority = authority
+        for svc in self.partitions.values():
+            svc.session_authority = authority
 
     @property
     def cluster_key(self) -> uuid.UUID:
@@ -405,8 +459,9 @@ class StorageNode:
         try:
             if control.cluster_key != cluster_key:
                 raise ControlFileError(
-                    f"{control.path} belongs to cluster key {short_key(control.cluster_key)}..., "
-                    f"but this node is configured with {short_key(cluster_key)}..."
+                    f"{control.path} belongs to the cluster whose key is "
+                    f"{key_fingerprint(control.cluster_key)}, but this node is configured with "
+                    f"the key {key_fingerprint(cluster_key)}"
                 )
             if control.num_partitions != num_partitions:
                 raise ControlFileError(
@@ -487,6 +542,7 @@ class StorageNode:
         svc = self._open_partition(
             self.directory, self.control, partition_id, self.settings, self.metrics
         )
+        svc.session_authority = self.session_authority
         self.partitions = {**self.partitions, partition_id: svc}
         return svc
 
@@ -520,8 +576,7 @@ class StorageNode:
                 q,
                 p,
                 StorageError.CLUSTER_KEY_MISMATCH,
-                f"cluster key {short_key(request.cluster_key)}... does not match this storage "
-                f"node's key {short_key(self.cluster_key)}...",
+                "the Open request's cluster key does not match this storage node's cluster",
             )
         if request.num_partitions != self.num_partitions:
             self.metrics.errors.labels(StorageError.PARTITION_COUNT_MISMATCH.name).inc()

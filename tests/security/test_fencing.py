@@ -1,0 +1,116 @@
+"""Fencing and truncation only from the rightful owner, against a real cluster.
+
+Anyone who can read ZooKeeper knows the cluster key and a partition's current store
+session. Such a stranger on a storage port must not be able to fence the owning server
+out (by jumping to a huge session ID) nor cut committed transactions (by lowering the
+low-water mark, or truncating under the current session). Each attack is refused with
+a specific error, and the owner goes on committing with nothing lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from waltz_client import WaltzClient, WaltzClientConfig
+from waltz_client.cluster.admin import read_params
+from waltz_client.cluster.metadata import PartitionMetadata
+from waltz_client.cluster.paths import ClusterPaths
+from waltz_client.cluster.zk import close, connect
+from waltz_client.transaction import TransactionBuilder, TransactionContext
+from waltz_client.wire.storage_client import StorageClient, StorageFailure
+from waltz_client.wire.storage_messages import StorageError
+
+pytestmark = pytest.mark.timeout(300)
+
+PARTITION = 0
+
+
+class Put(TransactionContext):
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def partition(self, num_partitions: int) -> int:
+        return PARTITION
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(1)
+        builder.set_data(self.data)
+        return True
+
+
+async def write(cluster, first: int, n: int) -> None:
+    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
+    async with WaltzClient(config) as client:
+        for i in range(first, first + n):
+            assert await client.submit(Put(b"tx-%d" % i))
+
+
+async def read_all(cluster) -> list[bytes]:
+    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
+    async with WaltzClient(config) as reader:
+        return [r.data async for r in reader.read(PARTITION)]
+
+
+def public_metadata(cluster):
+    """What any ZooKeeper reader learns: the cluster key and the current session."""
+    zk = connect(cluster.zookeeper_connect)
+    try:
+        params = read_params(zk, cluster.layout.root)
+        data, _ = zk.get(ClusterPaths.of(cluster.layout.root).partition(PARTITION))
+        return params, PartitionMetadata.decode(data).session_id
+    finally:
+        close(zk)
+
+
+async def refused(call, error: StorageError, fragment: str) -> None:
+    with pytest.raises(StorageFailure) as excinfo:
+        await call
+    assert excinfo.value.error == error, excinfo.value
+    assert fragment in str(excinfo.value)
+
+
+def test_a_stranger_can_neither_fence_the_owner_nor_cut_committed_transactions(make_cluster):
+    cluster = make_cluster(partitions=1)
+    asyncio.run(write(cluster, 0, 30))
+    # A restarted owner recovers in a new session: 0..29 are below the low-water mark.
+    cluster.servers[0].restart()
+    asyncio.run(write(cluster, 30, 10))
+    params, session = public_metadata(cluster)
+
+    async def attack(address: str) -> int:
+        host, port = address.rsplit(":", 1)
+        async with await StorageClient.connect(host, int(port)) as c:
+            await c.open(params.key, params.num_partitions)
+            for bogus in (2**63 - 1, session + 1):
+                await refused(
+                    c.max_transaction_id(bogus, PARTITION),
+                    StorageError.SESSION_UNKNOWN,
+                    f"session {bogus} is newer than the newest session the cluster metadata",
+                )
+            # Replaying the owner's own session: the committed prefix is out of reach.
+            await refused(
+                c.set_low_water_mark(session, PARTITION, -1),
+                StorageError.TRUNCATE_REFUSED,
+                "would lower the local low-water mark from 29 to -1",
+            )
+            await refused(
+                c.truncate(session, PARTITION, -1),
+                StorageError.TRUNCATE_REFUSED,
+                "would drop transactions up to the local low-water mark 29",
+            )
+            # Above the mark are this session's own commits.
+            await refused(
+                c.truncate(session, PARTITION, 32),
+                StorageError.TRUNCATE_REFUSED,
+                f"session {session} may not truncate",
+            )
+            return await c.max_transaction_id(session, PARTITION)
+
+    for address in cluster.layout.storage_addresses:
+        assert asyncio.run(attack(address)) == 39, address
+    # The owner was not fenced: it still commits in its session, and nothing was lost.
+    asyncio.run(write(cluster, 40, 10))
+    assert public_metadata(cluster)[1] == session
+    assert asyncio.run(read_all(cluster)) == [b"tx-%d" % i for i in range(50)]
