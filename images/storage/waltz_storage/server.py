@@ -4,7 +4,14 @@ Each connection decodes frames as they arrive and queues each partition
 request on that partition's worker. A worker drains its queue, hands the
 batch to ``PartitionService.process`` on a thread (file I/O and fsync never
 block the event loop) and writes the responses back in order. A connection
-stops reading its socket while it has too many requests (or bytes) queued.
+stops reading its socket while it has too many requests (or bytes) queued, while its
+unsent responses exceed a limit (a peer that does not read), or while the frames
+partly received on all connections together exceed a budget.
+
+Bounds against a hostile or broken peer: a connection cap; small frames until Open
+has checked the cluster key; a deadline for the handshake and Open; a deadline for
+finishing a frame once it has started (slow-loris). A queued read counts as the
+largest response it may produce, so unread replies cannot pile up.
 """
 
 from __future__ import annotations
@@ -13,9 +20,11 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from waltz_client.peer_warnings import PeerWarnings
 from waltz_client.wire.errors import ProtocolError
 from waltz_client.wire.framing import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -32,6 +41,9 @@ from waltz_client.wire.storage_messages import (
     FailureResponse,
     Limits,
     OpenRequest,
+    RecordHeaderListRequest,
+    RecordListRequest,
+    RecordRequest,
     StorageError,
     StorageMessage,
     decode_request,
@@ -40,6 +52,10 @@ from waltz_client.wire.storage_messages import (
 from .service import PartitionService, StorageNode
 
 log = logging.getLogger(__name__)
+peer_warnings = PeerWarnings(log)
+
+# Requests whose response may be as large as the node's max_response_bytes.
+_READS = (RecordListRequest, RecordHeaderListRequest, RecordRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +65,12 @@ class ServerSettings:
     queue_max_requests: int = 1024  # per connection, before it stops reading
     queue_max_bytes: int = 64 * 1024 * 1024
     write_group_max_bytes: int = 8 * 1024 * 1024  # requests one worker hands over at once
+    max_connections: int = 1024
+    unopened_max_frame_bytes: int = 64 * 1024  # before Open checked the cluster key
+    handshake_timeout: float = 10.0  # seconds from connect to a successful Open
+    partial_frame_timeout: float = 60.0  # seconds a started frame may take to finish
+    partial_frames_max_bytes: int = 256 * 1024 * 1024  # all connections' partial frames
+    write_buffer_max_bytes: int = 16 * 1024 * 1024  # unsent responses, per connection
 
 
 class PartitionWorker:
@@ -137,7 +159,13 @@ class StorageConnection(asyncio.Protocol):
         self._opened = False
         self._queued_requests = 0
         self._queued_bytes = 0
-        self._paused = False
+        self._paused = False  # too much queued
+        self._write_blocked = False  # the peer is not reading its responses
+        self._over_budget = False  # partial frames of all connections over the budget
+        self._reading_paused = False
+        self._partial = 0  # bytes of a frame started but not finished
+        self.connected_at = time.monotonic()
+        self.partial_since: float | None = None
         self.peer = "?"
 
     # --- asyncio.Protocol ---------------------------------------------------------------
@@ -146,12 +174,85 @@ class StorageConnection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self._server.connections.add(self)
-        self._server.node.metrics.connections.inc()
+        server = self._server
+        if len(server.connections) >= self._settings.max_connections:
+            server.node.metrics.errors.labels("CONNECTION_LIMIT").inc()
+            peer_warnings.warning(
+                "refusing connection from %s: %d connections open (max_connections)",
+                self.peer,
+                len(server.connections),
+            )
+            transport.abort()
+            return
+        server.connections.add(self)
+        server.node.metrics.connections.inc()
+        # Above this many unsent bytes, pause_writing() stops reading requests.
+        transport.set_write_buffer_limits(high=self._settings.write_buffer_max_bytes)  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        self._set_partial(0)
         self._transport = None
+
+    def pause_writing(self) -> None:
+        self._write_blocked = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_blocked = False
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read the socket only while nothing says stop."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        stop = self._paused or self._write_blocked or self._over_budget
+        if stop and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        elif not stop and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+            if self._partial:  # the frame's deadline counts only while we read
+                self.partial_since = time.monotonic()
+
+    def over_budget(self, over: bool) -> None:
+        self._over_budget = over
+        self._update_reading()
+
+    def _set_partial(self, buffered: int) -> None:
+        """Account this connection's partly received frame in the node-wide budget."""
+        if buffered and not self._partial:
+            self.partial_since = time.monotonic()
+        elif not buffered:
+            self.partial_since = None
+        self._server.partial_bytes += buffered - self._partial
+        self._partial = buffered
+        self._server.check_partial_budget(self)
+
+    @property
+    def opened(self) -> bool:
+        return self._opened
+
+    @property
+    def partial(self) -> int:
+        return self._partial
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._reading_paused
+
+    @property
+    def closed(self) -> bool:
+        return self._transport is None
+
+    def close(self, reason: str) -> None:
+        """Drop a connection that broke a deadline."""
+        self._server.node.metrics.errors.labels("TIMEOUT").inc()
+        peer_warnings.warning("closing connection from %s: %s", self.peer, reason)
+        if self._transport is not None:
+            self._transport.abort()
 
     def eof_received(self) -> bool:
         """The peer finished sending: a partial frame left in the buffer is a malformed one."""
@@ -168,6 +269,7 @@ class StorageConnection(asyncio.Protocol):
             return
         try:
             frames = self._decoder.feed(data)
+            self._set_partial(self._decoder.buffered)
             for message_type, body in frames:
                 request = decode_request(message_type, body, self._settings.limits)
                 self._dispatch(request, len(body) + 5)
@@ -184,7 +286,7 @@ class StorageConnection(asyncio.Protocol):
             hello = Hello.decode(bytes(self._hello[:HANDSHAKE_BYTES]))
         except ProtocolError as e:
             self._server.node.metrics.errors.labels("HANDSHAKE").inc()
-            log.warning("closing connection from %s: %s", self.peer, e)
+            peer_warnings.warning("closing connection from %s: %s", self.peer, e)
             assert self._transport is not None
             self._transport.close()
             return
@@ -193,7 +295,7 @@ class StorageConnection(asyncio.Protocol):
         self._transport.write(reply.encode())
         if reply.status != HandshakeStatus.OK:
             self._server.node.metrics.errors.labels("HANDSHAKE").inc()
-            log.warning(
+            peer_warnings.warning(
                 "closing connection from %s: handshake %s (client speaks %s %d..%d)",
                 self.peer,
                 reply.status.name,
@@ -203,7 +305,8 @@ class StorageConnection(asyncio.Protocol):
             )
             self._transport.close()
             return
-        self._decoder = FrameDecoder(self._settings.max_frame_bytes)
+        # Until Open has checked the cluster key, frames stay small.
+        self._decoder = FrameDecoder(self._settings.unopened_max_frame_bytes)
         rest = bytes(self._hello[HANDSHAKE_BYTES:])
         self._hello = bytearray()
         if rest:
@@ -214,7 +317,10 @@ class StorageConnection(asyncio.Protocol):
         metrics.requests.labels(type(request).__name__).inc()
         if isinstance(request, OpenRequest):
             response = self._server.node.check_open(request)
-            self._opened = self._opened or not isinstance(response, FailureResponse)
+            if not self._opened and not isinstance(response, FailureResponse):
+                self._opened = True
+                assert self._decoder is not None
+                self._decoder.max_frame_bytes = self._settings.max_frame_bytes
             self._send(response)
             return
         if not self._opened:
@@ -233,6 +339,10 @@ class StorageConnection(asyncio.Protocol):
                 f"node (it holds {self._server.partition_list()})",
             )
             return
+        if isinstance(request, _READS):
+            # Its response may be this large: count it now, so that reads whose replies
+            # are never collected cannot queue more than queue_max_bytes of them.
+            size = max(size, self._server.node.settings.max_response_bytes)
         self._queued_requests += 1
         self._queued_bytes += size
         if not self._paused and (
@@ -240,8 +350,7 @@ class StorageConnection(asyncio.Protocol):
             or self._queued_bytes >= self._settings.queue_max_bytes
         ):
             self._paused = True
-            assert self._transport is not None
-            self._transport.pause_reading()
+            self._update_reading()
         worker.put(self, request, size)
 
     def respond(self, response: StorageMessage, size: int) -> None:
@@ -256,7 +365,7 @@ class StorageConnection(asyncio.Protocol):
             and self._queued_bytes <= self._settings.queue_max_bytes // 2
         ):
             self._paused = False
-            self._transport.resume_reading()
+            self._update_reading()
 
     def _send(self, response: StorageMessage) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -271,7 +380,7 @@ class StorageConnection(asyncio.Protocol):
     def _reject(self, reason: str) -> None:
         """A malformed frame: say why, then close this connection only."""
         self._server.node.metrics.errors.labels(StorageError.MALFORMED_REQUEST.name).inc()
-        log.warning("closing connection from %s: %s", self.peer, reason)
+        peer_warnings.warning("closing connection from %s: %s", self.peer, reason)
         self._send(FailureResponse(-1, -1, -1, StorageError.MALFORMED_REQUEST, reason))
         if self._transport is not None:
             self._transport.close()
@@ -290,6 +399,64 @@ class StorageServer:
             thread_name_prefix="waltz-storage-io",
         )
         self._server: asyncio.Server | None = None
+        self.partial_bytes = 0  # frames partly received, all connections together
+        # Paused for the budget, oldest first (a dict keeps insertion order).
+        self._budget_paused: dict[StorageConnection, None] = {}
+        self._finishing: StorageConnection | None = None  # reads past the budget
+        self._deadlines: asyncio.Task[None] | None = None
+
+    def check_partial_budget(self, conn: StorageConnection) -> None:
+        """Stop reading a connection that grows a partial frame past the node's budget;
+        resume the paused ones, oldest first, as the total falls back under it. When
+        every partial frame is paused, the oldest reads on until its frame is complete
+        (a frame is at most max_frame_bytes), so some frame always finishes."""
+        if self._finishing is not None and (not self._finishing.partial or self._finishing.closed):
+            self._finishing = None
+        budget = self.settings.partial_frames_max_bytes
+        paused = self._budget_paused
+        if (
+            self.partial_bytes > budget
+            and conn.partial
+            and conn is not self._finishing
+            and conn not in paused
+        ):
+            paused[conn] = None
+            conn.over_budget(True)
+        for c in [c for c in paused if not c.partial or c.closed]:
+            del paused[c]
+            c.over_budget(False)
+        while paused and self.partial_bytes <= budget:
+            oldest = next(iter(paused))
+            del paused[oldest]
+            oldest.over_budget(False)
+        if (
+            paused
+            and self._finishing is None
+            and not any(c.partial for c in self.connections if c not in paused)
+        ):
+            self._finishing = next(iter(paused))
+            del paused[self._finishing]
+            self._finishing.over_budget(False)
+
+    async def _enforce_deadlines(self, every: float = 1.0) -> None:
+        settings = self.settings
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                if not conn.opened and now - conn.connected_at > settings.handshake_timeout:
+                    conn.close(
+                        f"no successful Open within {settings.handshake_timeout:g} s of connecting"
+                    )
+                elif (
+                    conn.partial_since is not None
+                    and not conn.reading_paused
+                    and now - conn.partial_since > settings.partial_frame_timeout
+                ):
+                    conn.close(
+                        f"a frame started {now - conn.partial_since:.0f} s ago is still "
+                        f"incomplete ({conn.partial} bytes so far)"
+                    )
 
     def partition_list(self) -> str:
         return ",".join(str(p) for p in sorted(self.workers)) or "none"
@@ -307,6 +474,7 @@ class StorageServer:
         self._server = await asyncio.get_running_loop().create_server(
             lambda: StorageConnection(self), host, port, reuse_address=True
         )
+        self._deadlines = asyncio.get_running_loop().create_task(self._enforce_deadlines())
         return self._server.sockets[0].getsockname()[1]
 
     def add_partition(self, partition_id: int) -> None:
@@ -325,6 +493,10 @@ class StorageServer:
             await worker.drain_and_stop()
 
     async def close(self) -> None:
+        if self._deadlines is not None:
+            self._deadlines.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._deadlines
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
