@@ -40,12 +40,15 @@ def _gone(pid: int) -> bool:
 async def _probe(
     port: int, key: uuid.UUID, partitions: int, partition: int, append: list[Record] | None = None
 ) -> int:
-    """Max transaction ID of ``partition`` on the storage node at ``port`` (appending first)."""
+    """Max transaction ID of ``partition`` on the storage node at ``port`` (appending first).
+
+    In no session (-1): with no server, ZooKeeper records none, and a storage node adopts
+    only a session the metadata records."""
     async with await StorageClient.connect("127.0.0.1", port) as client:
         await client.open(key, partitions)
         if append:
-            await client.append(1, partition, append)
-        return await client.max_transaction_id(1, partition)
+            await client.append(-1, partition, append)
+        return await client.max_transaction_id(-1, partition)
 
 
 def _key(cluster: LocalCluster) -> uuid.UUID:

@@ -209,6 +209,7 @@ def test_storage_error_codes():
         "TRANSACTION_NOT_FOUND": 10,
         "TRUNCATE_REFUSED": 11,
         "IO_ERROR": 12,
+        "SESSION_UNKNOWN": 13,
     }
 
 
@@ -767,7 +768,7 @@ def test_failure_message_length_past_the_frame():
         decode_response(StorageMessageType.FAILURE_RESPONSE, body)
 
 
-@pytest.mark.parametrize("code", [0, 13, 0x7FFF, 0xFFFF])
+@pytest.mark.parametrize("code", [0, 14, 0x7FFF, 0xFFFF])
 def test_failure_with_unknown_error_code(code):
     body = head() + struct.pack(">HH", code, 0)
     with pytest.raises(MalformedMessage, match=rf"^Failure.error: unknown error type {code}$"):
