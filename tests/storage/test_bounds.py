@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from test_protocol import SESSION, check_serves, raw_connect, read_until_closed, run
 
+from waltz_client.peer_limits import PeerLimits
 from waltz_client.wire.framing import FrameDecoder, Hello, Service
 from waltz_client.wire.records import Record, RecordBatch, ReqId
 from waltz_client.wire.storage_client import StorageClient
@@ -135,7 +136,8 @@ def serve(tmp_path: Path):
 
 def test_a_connection_that_never_opens_or_never_finishes_a_frame_is_closed(serve):
     async def go() -> None:
-        async with serve(handshake_timeout=1.0, partial_frame_timeout=1.5) as node:
+        limits = PeerLimits(handshake_timeout=1.0, partial_frame_timeout=1.5)
+        async with serve(peer=limits) as node:
             # Slow-loris on the handshake: one byte, then nothing.
             r1, w1 = await asyncio.open_connection(node.host, node.port)
             w1.write(Hello(Service.STORAGE, 1, 1).encode()[:1])
@@ -160,7 +162,7 @@ def test_a_connection_that_never_opens_or_never_finishes_a_frame_is_closed(serve
 
 def test_the_node_caps_its_connections(serve):
     async def go() -> None:
-        async with serve(max_connections=3) as node:
+        async with serve(peer=PeerLimits(max_connections=3)) as node:
             held = [await node.client() for _ in range(3)]
             reader, writer = await asyncio.open_connection(node.host, node.port)
             writer.write(Hello(Service.STORAGE, 1, 1).encode())
@@ -181,7 +183,7 @@ def test_partial_frames_share_a_budget_and_all_of_them_finish(serve):
     smaller than their partial frames together, so some wait, but every one finishes."""
 
     async def go() -> None:
-        async with serve(partial_frames_max_bytes=2 * MiB) as node:
+        async with serve(peer=PeerLimits(partial_frames_max_bytes=2 * MiB)) as node:
             conns = []
             for _ in range(3):
                 reader, writer = await raw_connect(node)
@@ -198,7 +200,7 @@ def test_partial_frames_share_a_budget_and_all_of_them_finish(serve):
                 for (_, writer), frame in zip(conns, frames, strict=True):
                     writer.write(frame[offset : offset + 256 * 1024])
                 await asyncio.sleep(0.01)
-                peak = max(peak, node.server.partial_bytes)
+                peak = max(peak, node.server.guard.partial_bytes)
             answers = []
             for reader, _ in conns:
                 head = await reader.readexactly(4)
@@ -207,7 +209,7 @@ def test_partial_frames_share_a_budget_and_all_of_them_finish(serve):
             for _, writer in conns:
                 writer.close()
             assert answers == [SuccessResponse(SESSION, 1, p) for p in range(3)]
-            assert node.server.partial_bytes == 0
+            assert node.server.guard.partial_bytes == 0
             # The budget, plus the one frame let through to finish, plus a read each.
             assert peak <= 2 * MiB + len(frames[0]) + 3 * 256 * 1024
 

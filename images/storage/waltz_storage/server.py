@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
 from waltz_client.peer_warnings import PeerWarnings
 from waltz_client.wire.errors import ProtocolError
 from waltz_client.wire.framing import (
@@ -65,12 +66,10 @@ class ServerSettings:
     queue_max_requests: int = 1024  # per connection, before it stops reading
     queue_max_bytes: int = 64 * 1024 * 1024
     write_group_max_bytes: int = 8 * 1024 * 1024  # requests one worker hands over at once
-    max_connections: int = 1024
     unopened_max_frame_bytes: int = 64 * 1024  # before Open checked the cluster key
-    handshake_timeout: float = 10.0  # seconds from connect to a successful Open
-    partial_frame_timeout: float = 60.0  # seconds a started frame may take to finish
-    partial_frames_max_bytes: int = 256 * 1024 * 1024  # all connections' partial frames
     write_buffer_max_bytes: int = 16 * 1024 * 1024  # unsent responses, per connection
+    # connections, deadlines, partial-frame budget (frozen: one shared default is safe)
+    peer: PeerLimits = PeerLimits()  # noqa: RUF009
 
 
 class PartitionWorker:
@@ -163,9 +162,8 @@ class StorageConnection(asyncio.Protocol):
         self._write_blocked = False  # the peer is not reading its responses
         self._over_budget = False  # partial frames of all connections over the budget
         self._reading_paused = False
-        self._partial = 0  # bytes of a frame started but not finished
+        self._frame = FrameProgress(server.guard, self)
         self.connected_at = time.monotonic()
-        self.partial_since: float | None = None
         self.peer = "?"
 
     # --- asyncio.Protocol ---------------------------------------------------------------
@@ -175,24 +173,23 @@ class StorageConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         server = self._server
-        if len(server.connections) >= self._settings.max_connections:
+        if not server.guard.admit(self):
             server.node.metrics.errors.labels("CONNECTION_LIMIT").inc()
             peer_warnings.warning(
                 "refusing connection from %s: %d connections open (max_connections)",
                 self.peer,
-                len(server.connections),
+                len(server.guard.connections),
             )
+            self._transport = None
             transport.abort()
             return
-        server.connections.add(self)
         server.node.metrics.connections.inc()
         # Above this many unsent bytes, pause_writing() stops reading requests.
         transport.set_write_buffer_limits(high=self._settings.write_buffer_max_bytes)  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._server.connections.discard(self)
-        self._set_partial(0)
         self._transport = None
+        self._server.guard.forget(self, self._frame.partial)
 
     def pause_writing(self) -> None:
         self._write_blocked = True
@@ -214,30 +211,23 @@ class StorageConnection(asyncio.Protocol):
         elif not stop and self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
-            if self._partial:  # the frame's deadline counts only while we read
-                self.partial_since = time.monotonic()
+            self._frame.restart_clock()  # a frame's deadline counts while we read
 
     def over_budget(self, over: bool) -> None:
         self._over_budget = over
         self._update_reading()
 
-    def _set_partial(self, buffered: int) -> None:
-        """Account this connection's partly received frame in the node-wide budget."""
-        if buffered and not self._partial:
-            self.partial_since = time.monotonic()
-        elif not buffered:
-            self.partial_since = None
-        self._server.partial_bytes += buffered - self._partial
-        self._partial = buffered
-        self._server.check_partial_budget(self)
-
     @property
-    def opened(self) -> bool:
+    def ready(self) -> bool:
         return self._opened
 
     @property
     def partial(self) -> int:
-        return self._partial
+        return self._frame.partial
+
+    @property
+    def partial_since(self) -> float | None:
+        return self._frame.since
 
     @property
     def reading_paused(self) -> bool:
@@ -247,7 +237,7 @@ class StorageConnection(asyncio.Protocol):
     def closed(self) -> bool:
         return self._transport is None
 
-    def close(self, reason: str) -> None:
+    def close_for(self, reason: str) -> None:
         """Drop a connection that broke a deadline."""
         self._server.node.metrics.errors.labels("TIMEOUT").inc()
         peer_warnings.warning("closing connection from %s: %s", self.peer, reason)
@@ -269,7 +259,7 @@ class StorageConnection(asyncio.Protocol):
             return
         try:
             frames = self._decoder.feed(data)
-            self._set_partial(self._decoder.buffered)
+            self._frame.update(self._decoder.buffered)
             for message_type, body in frames:
                 request = decode_request(message_type, body, self._settings.limits)
                 self._dispatch(request, len(body) + 5)
@@ -391,7 +381,6 @@ class StorageServer:
     def __init__(self, node: StorageNode, settings: ServerSettings | None = None) -> None:
         self.node = node
         self.settings = settings or ServerSettings()
-        self.connections: set[StorageConnection] = set()
         self.workers: dict[int, PartitionWorker] = {}
         self._executor = ThreadPoolExecutor(
             # Partitions may arrive later (from ZooKeeper): size for a few per core.
@@ -399,64 +388,11 @@ class StorageServer:
             thread_name_prefix="waltz-storage-io",
         )
         self._server: asyncio.Server | None = None
-        self.partial_bytes = 0  # frames partly received, all connections together
-        # Paused for the budget, oldest first (a dict keeps insertion order).
-        self._budget_paused: dict[StorageConnection, None] = {}
-        self._finishing: StorageConnection | None = None  # reads past the budget
-        self._deadlines: asyncio.Task[None] | None = None
+        self.guard = PeerGuard(self.settings.peer, "successful Open")
 
-    def check_partial_budget(self, conn: StorageConnection) -> None:
-        """Stop reading a connection that grows a partial frame past the node's budget;
-        resume the paused ones, oldest first, as the total falls back under it. When
-        every partial frame is paused, the oldest reads on until its frame is complete
-        (a frame is at most max_frame_bytes), so some frame always finishes."""
-        if self._finishing is not None and (not self._finishing.partial or self._finishing.closed):
-            self._finishing = None
-        budget = self.settings.partial_frames_max_bytes
-        paused = self._budget_paused
-        if (
-            self.partial_bytes > budget
-            and conn.partial
-            and conn is not self._finishing
-            and conn not in paused
-        ):
-            paused[conn] = None
-            conn.over_budget(True)
-        for c in [c for c in paused if not c.partial or c.closed]:
-            del paused[c]
-            c.over_budget(False)
-        while paused and self.partial_bytes <= budget:
-            oldest = next(iter(paused))
-            del paused[oldest]
-            oldest.over_budget(False)
-        if (
-            paused
-            and self._finishing is None
-            and not any(c.partial for c in self.connections if c not in paused)
-        ):
-            self._finishing = next(iter(paused))
-            del paused[self._finishing]
-            self._finishing.over_budget(False)
-
-    async def _enforce_deadlines(self, every: float = 1.0) -> None:
-        settings = self.settings
-        while True:
-            await asyncio.sleep(every)
-            now = time.monotonic()
-            for conn in list(self.connections):
-                if not conn.opened and now - conn.connected_at > settings.handshake_timeout:
-                    conn.close(
-                        f"no successful Open within {settings.handshake_timeout:g} s of connecting"
-                    )
-                elif (
-                    conn.partial_since is not None
-                    and not conn.reading_paused
-                    and now - conn.partial_since > settings.partial_frame_timeout
-                ):
-                    conn.close(
-                        f"a frame started {now - conn.partial_since:.0f} s ago is still "
-                        f"incomplete ({conn.partial} bytes so far)"
-                    )
+    @property
+    def connections(self) -> set[StorageConnection]:
+        return self.guard.connections  # type: ignore[return-value]
 
     def partition_list(self) -> str:
         return ",".join(str(p) for p in sorted(self.workers)) or "none"
@@ -474,7 +410,7 @@ class StorageServer:
         self._server = await asyncio.get_running_loop().create_server(
             lambda: StorageConnection(self), host, port, reuse_address=True
         )
-        self._deadlines = asyncio.get_running_loop().create_task(self._enforce_deadlines())
+        self.guard.start()
         return self._server.sockets[0].getsockname()[1]
 
     def add_partition(self, partition_id: int) -> None:
@@ -493,10 +429,7 @@ class StorageServer:
             await worker.drain_and_stop()
 
     async def close(self) -> None:
-        if self._deadlines is not None:
-            self._deadlines.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._deadlines
+        await self.guard.stop()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
