@@ -31,6 +31,7 @@ class Connection:
     def __init__(self) -> None:
         self.frames: list[bytes] = []
         self.broken = True
+        self.feeds: set[object] = set()
 
     def send(self, frame: bytes) -> None:
         if self.broken and frame[4] == ClientMessageType.FEED_DATA:

@@ -71,6 +71,7 @@ class ErrorCode(IntEnum):
     STORAGE_UNAVAILABLE = 4  # no storage node could answer the read
     BAD_REQUEST = 5  # reserved: a malformed request closes the connection instead
     NOT_MOUNTED = 6  # a Flush on a connection without a current mount of the client
+    LIMIT_EXCEEDED = 7  # a per-connection or per-partition limit of the server
 
 
 @dataclass(frozen=True, slots=True)

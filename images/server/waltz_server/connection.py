@@ -3,17 +3,24 @@
 Appends, mounts and flushes are queued on their partition in arrival order;
 feed requests subscribe; data, high-water mark and range reads are answered
 by small tasks. A malformed frame closes this connection only. Reading stops
-while a partition's queue is full (back pressure); feeds wait while the
-socket's write buffer is over its high-water mark (a slow reader only slows
-itself).
+while a partition's queue is full (back pressure), while the socket's write
+buffer is over its high-water mark (a peer that does not read its replies), and
+while too many read tasks are in flight; feeds wait while the write buffer is
+full (a slow reader only slows itself). Feeds and mounts per connection are
+capped; the daemon-wide bounds (connections, deadlines, partial frames) are
+``waltz_client.peer_limits``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
+from waltz_client.peer_warnings import PeerWarnings
 from waltz_client.wire.client_messages import (
     SERVER_PROTOCOL_VERSIONS,
     AppendRequest,
@@ -46,6 +53,18 @@ from waltz_client.wire.framing import (
 from .partition import Partition, State
 
 log = logging.getLogger(__name__)
+peer_warnings = PeerWarnings(log)
+
+# A read's reply is at most a storage node's response limit (8 MiB by default).
+READ_REPLY_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_feeds: int = 1024  # feeds and mounts at once, per connection
+    max_reads: int = 32  # read, data and high-water mark requests in flight
+    max_read_bytes: int = 64 * 1024 * 1024  # their largest replies together
+    peer: PeerLimits = PeerLimits()  # noqa: RUF009 - frozen: one shared default is safe
 
 
 class ClientConnectionHandler(asyncio.Protocol):
@@ -57,8 +76,22 @@ class ClientConnectionHandler(asyncio.Protocol):
         on_close: Callable[[ClientConnectionHandler], None],
         on_error: Callable[[str], None] = lambda kind: None,
         write_buffer_bytes: int = 4 * 1024 * 1024,
+        guard: PeerGuard | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self._write_buffer_bytes = write_buffer_bytes
+        self.limits = limits or ConnectionLimits()
+        self._guard = guard or PeerGuard(self.limits.peer, "handshake")
+        self._frame = FrameProgress(self._guard, self)
+        self.connected_at = time.monotonic()
+        # This connection's feeds and mounts (a queued Mount holds a place until it runs).
+        self.feeds: set[object] = set()
+        self._reads_in_flight = 0
+        self._read_bytes_in_flight = 0
+        self._read_limited = False
+        self._write_blocked = False
+        self._budget_stopped = False
+        self._admitted = False
         self._partitions = partitions
         self._max_frame_bytes = max_frame_bytes
         self._max_data_bytes = max_data_bytes
@@ -91,6 +124,45 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._pauses = max(0, self._pauses - 1)
         if self._pauses == 0 and self._transport is not None and not self.closed:
             self._transport.resume_reading()
+            self._frame.restart_clock()  # a frame's deadline counts while we read
+
+    def _hold(self, reason: str, hold: bool) -> None:
+        """Pause reading for one of this connection's own reasons (each counted once)."""
+        if getattr(self, reason) == hold:
+            return
+        setattr(self, reason, hold)
+        if hold:
+            self.pause_reading()
+        else:
+            self.resume_reading()
+
+    # --- what the daemon-wide guard needs ------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._decoder is not None
+
+    @property
+    def partial(self) -> int:
+        return self._frame.partial
+
+    @property
+    def partial_since(self) -> float | None:
+        return self._frame.since
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._pauses > 0
+
+    def over_budget(self, over: bool) -> None:
+        self._hold("_budget_stopped", over)
+
+    def close_for(self, reason: str) -> None:
+        self._on_error("timeout")
+        peer_warnings.warning("closing client connection %s: %s", self.peer, reason)
+        if self._transport is not None:
+            self._transport.abort()
+        self.closed = True
 
     async def drained(self) -> None:
         await self._writable.wait()
@@ -105,10 +177,21 @@ class ClientConnectionHandler(asyncio.Protocol):
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=self._write_buffer_bytes)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if not self._guard.admit(self):
+            self._on_error("connection_limit")
+            peer_warnings.warning(
+                "refusing client connection %s: %d connections open (max_connections)",
+                self.peer,
+                len(self._guard.connections),
+            )
+            self.closed = True
+            transport.abort()
+            return
+        self._admitted = True
+        self._transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=self._write_buffer_bytes)  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -116,13 +199,17 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._writable.set()
         for task in self._tasks:
             task.cancel()
-        self._on_close(self)
+        if self._admitted:
+            self._guard.forget(self, self._frame.partial)
+            self._on_close(self)
 
     def pause_writing(self) -> None:
         self._writable.clear()
+        self._hold("_write_blocked", True)  # replies pile up: stop taking requests
 
     def resume_writing(self) -> None:
         self._writable.set()
+        self._hold("_write_blocked", False)
 
     def eof_received(self) -> bool:
         if self._decoder is not None and self._decoder.buffered:
@@ -136,7 +223,9 @@ class ClientConnectionHandler(asyncio.Protocol):
             self._handshake(data)
             return
         try:
-            for message_type, body in self._decoder.feed(data):
+            frames = self._decoder.feed(data)
+            self._frame.update(self._decoder.buffered)
+            for message_type, body in frames:
                 self._dispatch(decode_client_request(message_type, body, self._max_data_bytes))
                 if self.closed:
                     return
@@ -144,7 +233,7 @@ class ClientConnectionHandler(asyncio.Protocol):
             self._reject(f"{type(e).__name__}: {e}")
 
     def _reject(self, reason: str) -> None:
-        log.warning("closing client connection %s: %s", self.peer, reason)
+        peer_warnings.warning("closing client connection %s: %s", self.peer, reason)
         self._on_error("malformed")
         self.close()
 
@@ -193,6 +282,9 @@ class ClientConnectionHandler(asyncio.Protocol):
                 if partition is None:
                     self.send(MountResponse(q, MountStatus.NOT_OWNER).encode())
                     return
+                if self._feeds_full(q, partition):
+                    return
+                self.feeds.add(message)  # holds its place while queued
                 partition.submit(self, message)
             case FlushRequest():
                 if partition is None:
@@ -202,12 +294,57 @@ class ClientConnectionHandler(asyncio.Protocol):
             case FeedRequest():
                 if partition is None:
                     self._error(q, ErrorCode.NOT_OWNER, "this server does not own the partition")
-                else:
+                elif not self._feeds_full(q, partition):
                     partition.subscribe(self, q, message.client_high_water_mark)
             case TransactionDataRequest() | HighWaterMarkRequest() | ReadRangeRequest():
-                task = asyncio.get_running_loop().create_task(self._rpc(partition, message))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._start_read(partition, message)
+
+    def _feeds_full(self, q, partition: Partition) -> bool:
+        """Refuse (and say which limit) a feed or mount beyond this connection's or the
+        partition's cap: each costs a task, and every commit wakes them all."""
+        if len(self.feeds) >= self.limits.max_feeds:
+            why = f"this connection has {len(self.feeds)} feeds and mounts (max_feeds)"
+        elif len(partition.subscriptions) >= partition.settings.max_feeds:
+            why = (
+                f"partition {partition.partition_id} has {len(partition.subscriptions)} feeds "
+                f"and mounts (its maximum)"
+            )
+        else:
+            return False
+        self._on_error("limit")
+        self._error(q, ErrorCode.LIMIT_EXCEEDED, why)
+        return True
+
+    def _start_read(self, partition: Partition | None, message: ClientMessage) -> None:
+        """Run a read as a task, counting its largest reply; stop reading requests while
+        too many, or too many bytes of replies, are in flight."""
+        if isinstance(message, ReadRangeRequest):
+            size = min(max(message.max_bytes, 0), READ_REPLY_BYTES)
+        elif isinstance(message, TransactionDataRequest):
+            size = self._max_data_bytes
+        else:
+            size = 64
+        self._reads_in_flight += 1
+        self._read_bytes_in_flight += size
+        self._limit_reads()
+        task = asyncio.get_running_loop().create_task(self._rpc(partition, message))
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            self._reads_in_flight -= 1
+            self._read_bytes_in_flight -= size
+            self._limit_reads()
+
+        task.add_done_callback(done)
+
+    def _limit_reads(self) -> None:
+        limits = self.limits
+        self._hold(
+            "_read_limited",
+            self._reads_in_flight >= limits.max_reads
+            or self._read_bytes_in_flight >= limits.max_read_bytes,
+        )
 
     def _error(self, q, code: ErrorCode, text: str) -> None:
         self.send(ErrorResponse(q, code, text).encode())

@@ -34,6 +34,7 @@ class ClientConnection(Protocol):
     """What a partition needs of a client connection (server.py implements it)."""
 
     closed: bool
+    feeds: set[object]  # its subscriptions (feeds and mounts), for its cap
 
     def send(self, frame: bytes) -> None: ...
 

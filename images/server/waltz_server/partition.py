@@ -64,6 +64,7 @@ class PartitionSettings:
     feed_batch: int = 2000
     checkpoint_interval: int = 1_000_000
     probe_interval: float = 2.0
+    max_feeds: int = 10_000  # feeds and mounts of the partition at once (each commit wakes all)
 
 
 @dataclass
@@ -135,6 +136,7 @@ class Partition:
             await self.session.close(reason)
         for sub in list(self.subscriptions):
             sub.task.cancel()
+            sub.connection.feeds.discard(sub)
             if not sub.connection.closed:
                 sub.connection.send(FeedSuspended(sub.req_id, reason).encode())
         self.subscriptions.clear()
@@ -143,6 +145,7 @@ class Partition:
         self._paused.clear()
         # Mounts and flushes still queued must not wait for an answer that never comes.
         for conn, message in self._queue:
+            conn.feeds.discard(message)  # a queued Mount held its place
             if conn.closed:
                 continue
             if isinstance(message, MountRequest):
@@ -406,6 +409,7 @@ class Partition:
 
     def _mount(self, connection: ClientConnection, m: MountRequest) -> None:
         q = m.req_id
+        connection.feeds.discard(m)  # its place, held while queued, goes to its feed
         sub = Subscription(self, connection, q, m.client_high_water_mark, mounted=True)
         status, previous = self.core.mount(
             q, m.connection_seq, connection, sub, MountResponse(q, MountStatus.READY).encode()
@@ -418,6 +422,7 @@ class Partition:
         if isinstance(previous, Subscription):  # the client's earlier mount of this partition
             self._drop(previous)
         self.subscriptions[sub] = None
+        connection.feeds.add(sub)
         self._answer(self.core.resolve())
 
     def _flush(self, connection: ClientConnection, m: FlushRequest) -> None:
@@ -470,17 +475,20 @@ class Partition:
     ) -> Subscription:
         sub = Subscription(self, connection, req_id, client_hwm, mounted)
         self.subscriptions[sub] = None
+        connection.feeds.add(sub)
         return sub
 
     def _drop(self, sub: Subscription) -> None:
         sub.task.cancel()
         self.subscriptions.pop(sub, None)
+        sub.connection.feeds.discard(sub)
         self.core.feed_ended(sub)
 
     def end_subscription(self, sub: Subscription, reason: str) -> None:
         """A feed that cannot go on: unregister it (flushes stop being routed to it) and
         tell the client, who mounts again."""
         self.subscriptions.pop(sub, None)
+        sub.connection.feeds.discard(sub)
         self.core.feed_ended(sub)
         if not sub.connection.closed:
             try:

@@ -70,6 +70,7 @@ class PartitionCore:
         self.locks = LockTable(lock_table_size, lock_hashes)
         self._newest_mount: dict[int, int] = {}  # client ID -> newest connection seq
         self._mount_feeds: dict[int, tuple[Hashable, Hashable]] = {}  # client -> (conn, feed)
+        self._client_of_feed: dict[Hashable, int] = {}  # the same, feed -> client: O(1) ends
         self._barriers: list[_Barrier] = []
 
     # --- store sessions -------------------------------------------------------------
@@ -131,7 +132,10 @@ class PartitionCore:
             return MountStatus.STALE_CONNECTION, None
         self._newest_mount[req_id.client_id] = connection_seq
         previous = self._mount_feeds.get(req_id.client_id)
+        if previous is not None:
+            self._client_of_feed.pop(previous[1], None)
         self._mount_feeds[req_id.client_id] = (connection, feed)
+        self._client_of_feed[feed] = req_id.client_id
         self._barrier(req_id.client_id, feed, token)
         return MountStatus.READY, previous[1] if previous is not None else None
 
@@ -149,8 +153,10 @@ class PartitionCore:
     def feed_ended(self, feed: Hashable) -> None:
         """A mount feed ended (its connection closed, or it failed): flushes are no longer
         answered on it."""
-        for client_id, (_, current) in list(self._mount_feeds.items()):
-            if current == feed:
+        client_id = self._client_of_feed.pop(feed, None)
+        if client_id is not None:
+            current = self._mount_feeds.get(client_id)
+            if current is not None and current[1] == feed:
                 del self._mount_feeds[client_id]
 
     # --- barriers -------------------------------------------------------------------

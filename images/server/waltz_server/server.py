@@ -13,11 +13,12 @@ import asyncio
 import logging
 
 from waltz_client.cluster.metadata import ReplicaAssignment
+from waltz_client.peer_limits import PeerGuard
 from waltz_client.tasks import spawn
 
 from .catch_up import CatchUpSettings
 from .config import ServerConfig
-from .connection import ClientConnectionHandler
+from .connection import ClientConnectionHandler, ConnectionLimits
 from .coordinator import ServerCoordinator
 from .metrics import ServerMetrics
 from .partition import Partition, PartitionSettings
@@ -31,7 +32,8 @@ class WaltzServer:
         self.config = config
         self.coordinator = coordinator
         self.partitions: dict[int, Partition] = {}
-        self.connections: set[ClientConnectionHandler] = set()
+        self.connection_limits = ConnectionLimits()
+        self.guard = PeerGuard(self.connection_limits.peer, "handshake")
         self.metrics = ServerMetrics(self)
         self.partition_settings = PartitionSettings(
             lock_table_size=config.lock_table_size,
@@ -49,12 +51,18 @@ class WaltzServer:
 
     # --- listening ----------------------------------------------------------------------
 
+    @property
+    def connections(self) -> set[ClientConnectionHandler]:
+        """Open client connections (the guard admits and forgets them)."""
+        return self.guard.connections  # type: ignore[return-value]
+
     async def listen(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
             self._new_connection, host, port, reuse_address=True
         )
         self._reconciler = loop.create_task(self._reconcile_loop())
+        self.guard.start()
         return self._listener.sockets[0].getsockname()[1]
 
     def _new_connection(self) -> ClientConnectionHandler:
@@ -65,13 +73,13 @@ class WaltzServer:
             self._connection_closed,
             lambda kind: self.metrics.client_errors.labels(kind).inc(),
             self.config.client_write_buffer_bytes,
+            self.guard,
+            self.connection_limits,
         )
-        self.connections.add(conn)
         self.metrics.connections.inc()
         return conn
 
     def _connection_closed(self, conn: ClientConnectionHandler) -> None:
-        self.connections.discard(conn)
         for p in conn.partitions_touched:
             partition = self.partitions.get(p)
             if partition is not None:
@@ -186,6 +194,7 @@ class WaltzServer:
     async def close(self) -> None:
         if self._reconciler is not None:
             self._reconciler.cancel()
+        await self.guard.stop()
         if self._listener is not None:
             self._listener.close()
         await asyncio.gather(*(p.stop("server shutting down") for p in self.partitions.values()))
