@@ -13,6 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .http_guard import GuardedSite, start_guarded_http
+
 
 def write_ready_file(path: str, info: dict) -> None:
     """Atomically, so a watcher never reads half a file."""
@@ -22,14 +24,11 @@ def write_ready_file(path: str, info: dict) -> None:
     os.replace(tmp, path)
 
 
-async def start_http(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve ``app``; the runner (to clean up) and the bound port (``port`` 0: any)."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, bound
+async def start_http(app: web.Application, host: str, port: int) -> tuple[GuardedSite, int]:
+    """Serve ``app`` behind the HTTP guard (connection cap, answer and keep-alive
+    deadlines); the site (``cleanup()`` it) and the bound port (``port`` 0: any)."""
+    site = await start_guarded_http(app, host, port)
+    return site, site.port
 
 
 def run_daemon(
