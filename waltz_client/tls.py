@@ -1,0 +1,158 @@
+"""TLS for every Waltz link, configured the same way everywhere: a certificate, its key,
+a CA bundle to verify peers with, and whether the peer must present a certificate.
+
+Certificates are reloaded when their files change (Kubernetes rotates a mounted Secret
+in place): a listening context swaps in the newest context on each handshake (its
+``sni_callback`` runs for every ClientHello, with or without SNI), and connecting code
+asks for the current context on each new connection. Connections already open keep
+the certificate they were made with. A rotation caught half-written (a file that does
+not load) keeps the previous context and logs why, until the files load again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class TlsError(ValueError):
+    """A TLS setting that cannot work: the message names the setting."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    cert: str | None = None  # PEM certificate (chain): ours, presented to peers
+    key: str | None = None  # PEM private key of ``cert``
+    ca: str | None = None  # PEM CA bundle that peers' certificates must chain to
+    verify_peer: bool = True  # listening: require a client certificate; connecting: verify
+
+    @property
+    def enabled(self) -> bool:
+        return any((self.cert, self.key, self.ca))
+
+    def check(self, prefix: str = "tls", *, listening: bool) -> None:
+        """Raise TlsError naming the setting (``<prefix>_cert``...) that cannot work."""
+        if bool(self.cert) != bool(self.key):
+            missing = "key" if self.cert else "cert"
+            raise TlsError(f"setting {prefix}_{missing}: needed with {prefix}_{_other(missing)}")
+        if listening and not self.cert:
+            raise TlsError(f"setting {prefix}_cert: a TLS listener needs a certificate and key")
+        if self.verify_peer and not self.ca:
+            raise TlsError(
+                f"setting {prefix}_ca: verifying peers needs a CA bundle "
+                f"(or turn {prefix}_verify_peer off)"
+            )
+        for name in ("cert", "key", "ca"):
+            path = getattr(self, name)
+            if path and not os.access(path, os.R_OK):
+                why = "does not exist" if not os.path.exists(path) else "is not readable"
+                raise TlsError(f"setting {prefix}_{name}: {path} {why}")
+
+
+def _other(name: str) -> str:
+    return "cert" if name == "key" else "key"
+
+
+def build_context(files: TlsFiles, *, listening: bool) -> ssl.SSLContext:
+    """A fresh context from the files (raises ssl.SSLError or OSError if one is bad)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if listening else ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if files.cert and files.key:
+        ctx.load_cert_chain(files.cert, files.key)
+    if files.ca:
+        ctx.load_verify_locations(files.ca)
+    if listening:
+        ctx.verify_mode = ssl.CERT_REQUIRED if files.verify_peer else ssl.CERT_NONE
+    else:
+        ctx.check_hostname = files.verify_peer
+        ctx.verify_mode = ssl.CERT_REQUIRED if files.verify_peer else ssl.CERT_NONE
+    return ctx
+
+
+def _stamps(files: TlsFiles) -> tuple[tuple[int, int, int] | None, ...]:
+    out = []
+    for path in (files.cert, files.key, files.ca):
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        out.append((st.st_mtime_ns, st.st_size, st.st_ino) if st else None)
+    return tuple(out)
+
+
+class TlsContexts:
+    """The current context for ``files``, rebuilt when a file changes (checked at most
+    every ``check_every`` seconds)."""
+
+    def __init__(
+        self,
+        files: TlsFiles,
+        *,
+        listening: bool,
+        check_every: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.files = files
+        self.listening = listening
+        self._check_every = check_every
+        self._clock = clock
+        self._stamps = _stamps(files)
+        self._current = build_context(files, listening=listening)  # bad files: raise now
+        self._checked = clock()
+        self.reloads = 0
+        self.failed_reloads = 0
+
+    def current(self) -> ssl.SSLContext:
+        now = self._clock()
+        if now - self._checked >= self._check_every:
+            self._checked = now
+            stamps = _stamps(self.files)
+            if stamps != self._stamps:
+                self._reload(stamps)
+        return self._current
+
+    def _reload(self, stamps: tuple[Any, ...]) -> None:
+        try:
+            ctx = build_context(self.files, listening=self.listening)
+        except (ssl.SSLError, OSError) as e:
+            # Perhaps a rotation caught between two files: try again at the next check.
+            self.failed_reloads += 1
+            log.error("TLS files changed but do not load (%s); keeping the previous ones", e)
+            return
+        self._stamps = stamps
+        self._current = ctx
+        self.reloads += 1
+        log.info("TLS certificate files changed: reloaded for new connections")
+
+    def listening_context(self) -> ssl.SSLContext:
+        """For ``create_server``: each handshake switches to the current context."""
+        front = build_context(self.files, listening=True)
+
+        def switch(ssl_object: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+            ssl_object.context = self.current()
+
+        front.sni_callback = switch  # type: ignore[assignment]
+        return front
+
+
+def peer_identity(transport: Any) -> str | None:
+    """The identity in the peer's verified certificate: its subject common name, else its
+    first DNS or URI subject alternative name; None without TLS or a certificate."""
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    for kind, value in cert.get("subjectAltName", ()):
+        if kind in ("DNS", "URI"):
+            return value
+    return None
