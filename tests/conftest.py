@@ -74,7 +74,12 @@ def make_cluster(zookeeper, zk_root, tmp_path) -> Iterator:
     clusters: list[LocalCluster] = []
 
     def make(
-        *, partitions: int = 1, servers: int = 1, storages: int = 3, server_args=()
+        *,
+        partitions: int = 1,
+        servers: int = 1,
+        storages: int = 3,
+        server_args=(),
+        tls: bool = False,
     ) -> LocalCluster:
         cluster = LocalCluster(
             str(tmp_path / f"cluster-{len(clusters)}"),
@@ -85,6 +90,7 @@ def make_cluster(zookeeper, zk_root, tmp_path) -> Iterator:
             servers=servers,
             server_args=[*FAST_FAILOVER, *server_args],
             external_zookeeper=zookeeper.connect_string,
+            tls=tls,
         )
         clusters.append(cluster)
         cluster.start()

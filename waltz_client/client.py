@@ -31,6 +31,7 @@ from .cluster_view import ClusterView
 from .config import WaltzClientConfig
 from .monitor import Outcome, Resolution, TransactionMonitor
 from .tasks import spawn
+from .tls import TlsContexts, tls_open_connection
 from .transaction import Transaction, TransactionBuilder, TransactionContext
 from .wire.client_messages import (
     MAX_LOCKS,
@@ -53,6 +54,7 @@ from .wire.client_messages import (
     TransactionDataRequest,
     TransactionDataResponse,
 )
+from .wire.framing import OpenConnection
 from .wire.records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, ReqId
 from .wire.server_connection import ServerConnection
 
@@ -161,7 +163,10 @@ class _ServerLink:
             if self.stream is None or self.stream.closed:
                 host, _, port = self.endpoint.rpartition(":")
                 self.stream = await ServerConnection.connect(
-                    host, int(port), on_message=self.client._on_stream_message
+                    host,
+                    int(port),
+                    on_message=self.client._on_stream_message,
+                    open_connection=self.client.open_connection,
                 )
                 self.stream_seq = self.client._next_connection_seq()
                 conn = self.stream
@@ -177,7 +182,10 @@ class _ServerLink:
             if self.rpc is None or self.rpc.closed:
                 host, _, port = self.endpoint.rpartition(":")
                 self.rpc = await ServerConnection.connect(
-                    host, int(port), on_message=self._on_rpc_message
+                    host,
+                    int(port),
+                    on_message=self._on_rpc_message,
+                    open_connection=self.client.open_connection,
                 )
                 conn = self.rpc
                 spawn(self._watch_rpc(conn), self._tasks, "watching an RPC connection", log)
@@ -221,6 +229,12 @@ class WaltzClient:
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="waltz-callback")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        # How connections to servers are made: over TLS when the config says so.
+        self.open_connection: OpenConnection = (
+            tls_open_connection(TlsContexts(config.tls, listening=False))
+            if config.tls is not None
+            else asyncio.open_connection
+        )
 
     # --- lifecycle ----------------------------------------------------------------------
 

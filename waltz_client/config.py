@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .cluster.paths import normalise_root
+from .tls import TlsError, TlsFiles
 
 
 class WaltzConfigError(ValueError):
@@ -25,6 +26,7 @@ class WaltzClientConfig:
     retry_backoff: float = 0.05  # first pause between retries; doubles up to 2 s
     zk_session_timeout: float = 10.0
     feed: bool = True  # mount partitions and apply the feed (False: write and read only)
+    tls: TlsFiles | None = None  # reach servers over TLS (a client certificate for mutual TLS)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -48,6 +50,13 @@ class WaltzClientConfig:
             if any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in given):
                 raise bad("partitions", f"partition IDs are integers >= 0, got {given!r}")
             object.__setattr__(self, "partitions", frozenset(given))
+        if self.tls is not None:
+            if not isinstance(self.tls, TlsFiles):
+                raise bad("tls", f"expected waltz_client.tls.TlsFiles, got {self.tls!r}")
+            try:
+                self.tls.check("tls", listening=False)
+            except TlsError as e:
+                raise bad("tls", str(e)) from None
         if not isinstance(self.feed, bool):
             raise bad("feed", f"expected True or False, got {self.feed!r}")
         for name, low in (("max_outstanding_appends", 1), ("max_retries", 1)):

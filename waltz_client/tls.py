@@ -11,6 +11,8 @@ not load) keeps the previous context and logs why, until the files load again.
 
 from __future__ import annotations
 
+import asyncio
+import fnmatch
 import logging
 import os
 import ssl
@@ -58,6 +60,21 @@ class TlsFiles:
 
 def _other(name: str) -> str:
     return "cert" if name == "key" else "key"
+
+
+def check_tls(files: TlsFiles, prefix: str, *, listening: bool) -> None:
+    """For a daemon's config: the files are there and load, or ConfigError names them."""
+    from .settings import ConfigError
+
+    try:
+        files.check(prefix, listening=listening)
+        build_context(files, listening=listening)
+    except TlsError as e:
+        raise ConfigError(str(e)) from None
+    except (ssl.SSLError, OSError) as e:
+        raise ConfigError(
+            f"settings {prefix}_cert, {prefix}_key, {prefix}_ca: cannot load them: {e}"
+        ) from None
 
 
 def build_context(files: TlsFiles, *, listening: bool) -> ssl.SSLContext:
@@ -156,3 +173,28 @@ def peer_identity(transport: Any) -> str | None:
         if kind in ("DNS", "URI"):
             return value
     return None
+
+
+def identity_allowed(identity: str | None, patterns: tuple[str, ...]) -> bool:
+    """Whether a peer's certificate identity matches one of the shell-style patterns."""
+    return identity is not None and any(fnmatch.fnmatchcase(identity, p) for p in patterns)
+
+
+def parse_patterns(value: str) -> tuple[str, ...]:
+    """``waltz-server*,ops-*`` -> ("waltz-server*", "ops-*")."""
+    patterns = tuple(p.strip() for p in value.split(",") if p.strip())
+    if not patterns:
+        raise ValueError("expected one or more comma-separated identity patterns")
+    return patterns
+
+
+def tls_open_connection(contexts: TlsContexts) -> Callable[..., Any]:
+    """An ``open_connection`` that dials with the current client context (verifying the
+    server's certificate for the host name or IP dialled)."""
+
+    async def open_connection(host: str, port: int, **kwargs: Any) -> Any:
+        return await asyncio.open_connection(
+            host, port, ssl=contexts.current(), server_hostname=host, **kwargs
+        )
+
+    return open_connection

@@ -36,6 +36,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=0.0, help="open loop: tx/s (default closed)")
     p.add_argument("--lock-pool", type=int, default=0, help="write locks drawn from N ids")
     p.add_argument("--consumers", type=int, default=1, help="catch-up consumers (default 1)")
+    p.add_argument("--tls", action="store_true", help="every link on mutual TLS")
     p.set_defaults(func=cmd_bench)
 
 
@@ -81,6 +82,7 @@ async def _produce(args, cluster: LocalCluster) -> dict:
         feed=False,
         max_outstanding_appends=max(1, args.concurrency),
         max_retries=1000,
+        tls=cluster.client_tls,
     )
     clients = [WaltzClient(config) for _ in range(args.clients)]
     for c in clients:
@@ -135,7 +137,9 @@ async def _produce(args, cluster: LocalCluster) -> dict:
 
 
 async def _consume(args, cluster: LocalCluster, total: int) -> dict:
-    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root)
+    config = WaltzClientConfig(
+        cluster.zookeeper_connect, zk_root=cluster.layout.root, tls=cluster.client_tls
+    )
     counters = [_Counter() for _ in range(args.consumers)]
     started = time.perf_counter()
     clients = [WaltzClient(config, counter) for counter in counters]
@@ -166,7 +170,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.size < 0 or args.rate < 0 or args.lock_pool < 0:
         print("waltz bench: error: --size, --rate and --lock-pool must not be negative")
         return 2
-    cluster = fresh_cluster(args.data_dir, args.partitions, 1, [])
+    cluster = fresh_cluster(args.data_dir, args.partitions, 1, [], tls=args.tls)
     print(f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions")
     cluster.start()
     try:

@@ -25,9 +25,10 @@ def check_at_least_one(prog: str, args: argparse.Namespace, *names: str) -> bool
 
 
 def fresh_cluster(
-    data_dir: str, partitions: int, servers: int, server_args: list[str]
+    data_dir: str, partitions: int, servers: int, server_args: list[str], tls: bool = False
 ) -> LocalCluster:
-    """A local cluster (3 storage nodes, 3 replicas) in ``data_dir``, wiped first."""
+    """A local cluster (3 storage nodes, 3 replicas) in ``data_dir``, wiped first; with
+    ``tls``, every link on mutual TLS (a throw-away CA)."""
     shutil.rmtree(data_dir, ignore_errors=True)
     return LocalCluster(
         data_dir,
@@ -36,6 +37,7 @@ def fresh_cluster(
         replicas=3,
         servers=servers,
         server_args=server_args,
+        tls=tls,
     )
 
 

@@ -37,6 +37,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", type=int, default=4, help="partitions (default 4)")
     p.add_argument("--accounts", type=int, default=40, help="accounts (default 40)")
     p.add_argument("--no-faults", action="store_true", help="skip the kills")
+    p.add_argument("--tls", action="store_true", help="every link on mutual TLS")
     p.set_defaults(func=cmd_demo)
 
 
@@ -69,7 +70,10 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
     for path in paths:
         bank.open_bank(path, args.accounts, initial)
     config = WaltzClientConfig(
-        cluster.zookeeper_connect, zk_root=cluster.layout.root, max_retries=1000
+        cluster.zookeeper_connect,
+        zk_root=cluster.layout.root,
+        max_retries=1000,
+        tls=cluster.client_tls,
     )
     clients = [WaltzClient(config, bank.bank_callbacks(path)) for path in paths]
     for c in clients:
@@ -214,7 +218,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.accounts < 2 * args.partitions:
         print("waltz demo: error: --accounts must be at least twice --partitions")
         return 2
-    cluster = fresh_cluster(args.data_dir, args.partitions, 2, FAST_FAILOVER)
+    cluster = fresh_cluster(args.data_dir, args.partitions, 2, FAST_FAILOVER, tls=args.tls)
     say(f"starting a local cluster in {cluster.data_dir}")
     cluster.start(say)
     try:

@@ -43,6 +43,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--lock-pool", type=int, default=50, help="distinct write locks")
     p.add_argument("--fault-every", type=float, default=3.0, help="seconds between faults")
     p.add_argument("--seed", type=int, default=1, help="fault schedule and workload seed")
+    p.add_argument("--tls", action="store_true", help="every link on mutual TLS")
     p.set_defaults(func=cmd_smoke)
 
 
@@ -153,6 +154,7 @@ async def _load(args, cluster: LocalCluster, results: Results, consumers: list[C
         zk_root=cluster.layout.root,
         max_retries=50,
         request_timeout=20.0,
+        tls=cluster.client_tls,
     )
     clients = [WaltzClient(config, consumer) for consumer in consumers]
     for c in clients:
@@ -224,7 +226,9 @@ async def _load(args, cluster: LocalCluster, results: Results, consumers: list[C
 
 
 async def _read_everything(cluster: LocalCluster, partitions: int):
-    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
+    config = WaltzClientConfig(
+        cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False, tls=cluster.client_tls
+    )
     digest = hashlib.sha256()
     records = {}
     async with WaltzClient(config) as reader:
@@ -307,7 +311,11 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         print("waltz smoke: error: --duration and --fault-every must be positive")
         return 2
     cluster = fresh_cluster(
-        args.data_dir, args.partitions, 2, [*FAST_FAILOVER, "--storage-timeout", "2"]
+        args.data_dir,
+        args.partitions,
+        2,
+        [*FAST_FAILOVER, "--storage-timeout", "2"],
+        tls=args.tls,
     )
     say(f"starting a local cluster in {cluster.data_dir}")
     cluster.start(say)

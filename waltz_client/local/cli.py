@@ -28,6 +28,9 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=3, help="replicas (default 3)")
     p.add_argument("--servers", type=int, default=2, help="servers (default 2)")
     p.add_argument("--name", default="local", help="cluster name (default local)")
+    p.add_argument(
+        "--tls", action="store_true", help="mutual TLS on every link (a throw-away CA in pki/)"
+    )
     p.set_defaults(func=cmd_up)
 
 
@@ -43,6 +46,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             replicas=args.replicas,
             name=args.name,
             servers=args.servers,
+            tls=args.tls,
         )
         cluster.start(say)
     except (LocalClusterError, ZooKeeperUnavailable, ProcessFailed, ClusterError) as e:
@@ -53,6 +57,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: done.set())
     say(f"ready. ZooKeeper: {cluster.zookeeper_connect}, cluster root {cluster.layout.root}")
     say(f"  waltz cluster show -z {cluster.zookeeper_connect} --root {cluster.layout.root}")
+    if cluster.client_tls is not None:
+        tls = cluster.client_tls
+        say(f"  TLS: clients use cert {tls.cert}, key {tls.key}, CA {tls.ca}")
     say(f"  data and logs in {cluster.data_dir}; Ctrl-C stops everything")
     try:
         while not done.wait(1.0):

@@ -6,10 +6,16 @@ records the ports chosen on the first start (the replica assignment names
 storage nodes by ``host:port``, so they must not change), ZooKeeper keeps its
 data in ``zookeeper/`` and each storage node in ``storage-<i>/``. Servers
 keep nothing on disk; each has a fixed ID, ``server-<i>``.
+
+With ``tls=True`` a throw-away CA in ``pki/`` issues a certificate per daemon
+(``waltz-storage-<i>``, ``waltz-server-<i>``), one for admin tools (``waltz-admin``) and
+one for clients (``waltz-client``, ``client_tls``); clients reach servers, and servers
+storage nodes, over mutual TLS.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -17,17 +23,23 @@ import random
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from waltz_client.cluster.admin import CreateResult, create_cluster
 from waltz_client.cluster.zk import close, connect
+from waltz_client.tls import TlsContexts, TlsFiles, tls_open_connection
 
+from .certs import local_pki
 from .processes import DaemonProcess
 from .zookeeper import EmbeddedZooKeeper
 
 log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 STATE_FILE = "local.json"
+ADMIN_IDENTITY = "waltz-admin"  # admin tools' certificate, let into storage nodes
+CLIENT_IDENTITY = "waltz-client"  # clients' certificate (the demo, tests)
 
 
 class LocalClusterError(RuntimeError):
@@ -125,14 +137,22 @@ class LocalCluster:
         servers: int = 2,
         server_args: list[str] | None = None,
         external_zookeeper: str | None = None,
+        tls: bool = False,
     ) -> None:
         """``external_zookeeper``: use that ensemble (tests share one) instead of starting
-        an embedded ZooKeeper."""
+        an embedded ZooKeeper. ``tls``: servers and storage nodes talk over mutual TLS."""
         self.data_dir = os.path.abspath(data_dir)
         self.storage_args = storage_args or []
         self.server_args = server_args or []
         self.layout = self._load_or_plan(storages, partitions, replicas, name, root)
         self._plan_servers(servers)
+        self.pki: dict[str, TlsFiles] | None = None
+        if tls:
+            hosts = [HOST, "localhost"]
+            identities = {ADMIN_IDENTITY: hosts, CLIENT_IDENTITY: hosts}
+            identities.update({f"waltz-storage-{i}": hosts for i in range(storages)})
+            identities.update({f"waltz-server-{i}": hosts for i in range(servers)})
+            self.pki = local_pki(os.path.join(self.data_dir, "pki"), identities)
         self.external_zookeeper = external_zookeeper
         self.zookeeper: EmbeddedZooKeeper | None = None
         if external_zookeeper is None:
@@ -230,21 +250,59 @@ class LocalCluster:
         ]
         return DaemonProcess(name, command, ready, os.path.join(self.data_dir, f"{name}.log"))
 
+    def _tls_args(self, identity: str, prefix: str) -> list[str]:
+        if self.pki is None:
+            return []
+        files = self.pki[identity]
+        return [
+            f"--{prefix}-cert",
+            str(files.cert),
+            f"--{prefix}-key",
+            str(files.key),
+            f"--{prefix}-ca",
+            str(files.ca),
+        ]
+
     def _server_process(self, i: int) -> DaemonProcess:
         return self._daemon(
             f"server-{i}",
             "waltz_server.main",
             self.layout.server_ports[i],
-            ["--server-id", f"server-{i}", *self.server_args],
+            [
+                "--server-id",
+                f"server-{i}",
+                *self._tls_args(f"waltz-server-{i}", "tls"),
+                *self._tls_args(f"waltz-server-{i}", "storage-tls"),
+                *self.server_args,
+            ],
         )
 
     def _storage_process(self, i: int) -> DaemonProcess:
+        tls = self._tls_args(f"waltz-storage-{i}", "tls")
+        if tls:
+            tls += ["--tls-allowed-peers", f"waltz-server-*,{ADMIN_IDENTITY}"]
         return self._daemon(
             f"storage-{i}",
             "waltz_storage.main",
             self.layout.storage_ports[i],
-            ["--directory", os.path.join(self.data_dir, f"storage-{i}"), *self.storage_args],
+            [
+                "--directory",
+                os.path.join(self.data_dir, f"storage-{i}"),
+                *tls,
+                *self.storage_args,
+            ],
         )
+
+    @property
+    def client_tls(self) -> TlsFiles | None:
+        """What a client of this cluster passes as ``WaltzClientConfig.tls``."""
+        return self.pki[CLIENT_IDENTITY] if self.pki is not None else None
+
+    def storage_open_connection(self) -> Callable[..., Any]:
+        """How admin tools reach this cluster's storage nodes (as ``waltz-admin`` with TLS)."""
+        if self.pki is None:
+            return asyncio.open_connection
+        return tls_open_connection(TlsContexts(self.pki[ADMIN_IDENTITY], listening=False))
 
     def ownership(self) -> dict[int, tuple[str | None, int]]:
         """partition -> (owning server ID or None, generation), as ZooKeeper has it now."""

@@ -28,7 +28,9 @@ async def replica_digests(cluster: LocalCluster, partition: int, high_water_mark
         digest = hashlib.sha256()
         next_txid = 0
         try:
-            async with await StorageClient.connect("127.0.0.1", proc.ready["port"]) as sc:
+            async with await StorageClient.connect(
+                "127.0.0.1", proc.ready["port"], open_connection=cluster.storage_open_connection()
+            ) as sc:
                 await sc.open(params.key, params.num_partitions)
                 while next_txid <= high_water_mark:
                     count = high_water_mark - next_txid + 1

@@ -14,6 +14,7 @@ from waltz_client.settings import (
     ConfigError,
     Setting,
     SettingsSchema,
+    boolean,
     float_in,
     int_in,
     log_level,
@@ -21,6 +22,7 @@ from waltz_client.settings import (
     text,
     znode_root,
 )
+from waltz_client.tls import TlsFiles, check_tls
 from waltz_client.wire.client_messages import MAX_LOCKS
 from waltz_client.wire.records import DEFAULT_MAX_DATA_BYTES
 
@@ -112,6 +114,29 @@ SETTINGS = (
     ),
     Setting("max_frame_bytes", size_at_least(64 * 1024), "64MiB", "largest frame accepted"),
     Setting("max_data_bytes", size_at_least(1), "16MiB", "largest transaction data accepted"),
+    Setting("tls_cert", str, "", "PEM certificate: serve clients over TLS"),
+    Setting("tls_key", str, "", "PEM private key of tls_cert"),
+    Setting("tls_ca", str, "", "PEM CA bundle that clients' certificates must chain to"),
+    Setting(
+        "tls_verify_peer",
+        boolean,
+        True,
+        "require and verify a certificate from each client (mutual TLS)",
+    ),
+    Setting("storage_tls_cert", str, "", "PEM certificate presented to storage nodes"),
+    Setting("storage_tls_key", str, "", "PEM private key of storage_tls_cert"),
+    Setting(
+        "storage_tls_ca",
+        str,
+        "",
+        "PEM CA bundle that storage nodes' certificates must chain to: connect over TLS",
+    ),
+    Setting(
+        "storage_tls_verify_peer",
+        boolean,
+        True,
+        "verify storage nodes' certificates and host names",
+    ),
     Setting("ready_file", str, "", "write the bound ports here (JSON) once serving"),
     Setting("log_level", log_level, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 )
@@ -148,8 +173,31 @@ class ServerConfig:
     client_write_buffer_bytes: int
     max_frame_bytes: int
     max_data_bytes: int
+    tls_cert: str
+    tls_key: str
+    tls_ca: str
+    tls_verify_peer: bool
+    storage_tls_cert: str
+    storage_tls_key: str
+    storage_tls_ca: str
+    storage_tls_verify_peer: bool
     ready_file: str
     log_level: str
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(
+            self.tls_cert or None, self.tls_key or None, self.tls_ca or None, self.tls_verify_peer
+        )
+
+    @property
+    def storage_tls(self) -> TlsFiles:
+        return TlsFiles(
+            self.storage_tls_cert or None,
+            self.storage_tls_key or None,
+            self.storage_tls_ca or None,
+            self.storage_tls_verify_peer,
+        )
 
     def advertised(self) -> str:
         if self.advertised_host:
@@ -180,4 +228,9 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerCon
         )
     if values["max_batch_bytes"] > values["max_frame_bytes"] // 2:
         raise ConfigError("setting max_batch_bytes must be at most half of max_frame_bytes")
-    return ServerConfig(**values)
+    config = ServerConfig(**values)
+    if config.tls.enabled:
+        check_tls(config.tls, "tls", listening=True)
+    if config.storage_tls.enabled:
+        check_tls(config.storage_tls, "storage_tls", listening=False)
+    return config

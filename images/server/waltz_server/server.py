@@ -15,6 +15,7 @@ import logging
 from waltz_client.cluster.metadata import ReplicaAssignment
 from waltz_client.peer_limits import PeerGuard
 from waltz_client.tasks import spawn
+from waltz_client.tls import TlsContexts, tls_open_connection
 
 from .catch_up import CatchUpSettings
 from .config import ServerConfig
@@ -48,6 +49,16 @@ class WaltzServer:
         self._listener: asyncio.Server | None = None
         self._reconciler: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()  # partitions being stopped
+        # How partitions reach storage nodes: over TLS when storage_tls_* are set.
+        self._storage_dialer = (
+            {
+                "open_connection": tls_open_connection(
+                    TlsContexts(config.storage_tls, listening=False)
+                )
+            }
+            if config.storage_tls.enabled
+            else {}
+        )
 
     # --- listening ----------------------------------------------------------------------
 
@@ -58,8 +69,13 @@ class WaltzServer:
 
     async def listen(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
+        tls = self.config.tls
         self._listener = await loop.create_server(
-            self._new_connection, host, port, reuse_address=True
+            self._new_connection,
+            host,
+            port,
+            reuse_address=True,
+            ssl=TlsContexts(tls, listening=True).listening_context() if tls.enabled else None,
         )
         self._reconciler = loop.create_task(self._reconcile_loop())
         self.guard.start()
@@ -175,6 +191,7 @@ class WaltzServer:
                     inline_records=self.config.catch_up_inline_records,
                     rate=self.config.catch_up_rate,
                 ),
+                **self._storage_dialer,
             )
             partition = Partition(
                 context,

@@ -15,6 +15,7 @@ from waltz_client.settings import (
     ConfigError,
     Setting,
     SettingsSchema,
+    boolean,
     int_in,
     log_level,
     parse_uuid,
@@ -22,6 +23,7 @@ from waltz_client.settings import (
     text,
     znode_root,
 )
+from waltz_client.tls import TlsFiles, check_tls, parse_patterns
 
 ENV_PREFIX = "WALTZ_STORAGE_"
 __all__ = ["ConfigError", "StorageConfig", "build_parser", "load_config"]
@@ -79,6 +81,22 @@ SETTINGS = [
         "8MiB",
         "request bytes one partition commits with one fsync",
     ),
+    Setting("tls_cert", str, "", "PEM certificate: serve the protocol port over TLS"),
+    Setting("tls_key", str, "", "PEM private key of tls_cert"),
+    Setting("tls_ca", str, "", "PEM CA bundle that servers' certificates must chain to"),
+    Setting(
+        "tls_verify_peer",
+        boolean,
+        True,
+        "require and verify a certificate from each peer (mutual TLS)",
+    ),
+    Setting(
+        "tls_allowed_peers",
+        parse_patterns,
+        "waltz-server*",
+        "identities (certificate common names, shell patterns, comma-separated) a peer "
+        "must have: the cluster's servers",
+    ),
     Setting("ready_file", str, "", "write the bound ports here (JSON) once serving"),
     Setting("log_level", log_level, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 ]
@@ -101,8 +119,19 @@ class StorageConfig:
     queue_max_requests: int
     queue_max_bytes: int
     write_group_max_bytes: int
+    tls_cert: str
+    tls_key: str
+    tls_ca: str
+    tls_verify_peer: bool
+    tls_allowed_peers: tuple[str, ...]
     ready_file: str
     log_level: str
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(
+            self.tls_cert or None, self.tls_key or None, self.tls_ca or None, self.tls_verify_peer
+        )
 
 
 SCHEMA = SettingsSchema(
@@ -145,4 +174,7 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> StorageCo
         values["partitions"] = frozenset(partitions)
     if values["max_frame_bytes"] > 2**32 - 1:
         raise ConfigError("setting max_frame_bytes: must fit the 32-bit frame length")
-    return StorageConfig(**values)
+    config = StorageConfig(**values)
+    if config.tls.enabled:
+        check_tls(config.tls, "tls", listening=True)
+    return config

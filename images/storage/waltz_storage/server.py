@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
 from waltz_client.peer_warnings import PeerWarnings
+from waltz_client.tls import TlsContexts, identity_allowed, peer_identity
 from waltz_client.wire.errors import ProtocolError
 from waltz_client.wire.framing import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -70,6 +71,8 @@ class ServerSettings:
     write_buffer_max_bytes: int = 16 * 1024 * 1024  # unsent responses, per connection
     # connections, deadlines, partial-frame budget (frozen: one shared default is safe)
     peer: PeerLimits = PeerLimits()  # noqa: RUF009
+    tls: TlsContexts | None = None  # serve over TLS (mutual, with a CA)
+    allowed_peers: tuple[str, ...] = ("*",)  # with TLS: certificate identities let in
 
 
 class PartitionWorker:
@@ -184,6 +187,19 @@ class StorageConnection(asyncio.Protocol):
             transport.abort()
             return
         server.node.metrics.connections.inc()
+        if self._settings.tls is not None and self._settings.tls.files.verify_peer:
+            identity = peer_identity(transport)
+            if not identity_allowed(identity, self._settings.allowed_peers):
+                server.node.metrics.errors.labels("UNAUTHORIZED").inc()
+                peer_warnings.warning(
+                    "refusing connection from %s: certificate identity %r is not one of "
+                    "tls_allowed_peers (%s)",
+                    self.peer,
+                    identity,
+                    ",".join(self._settings.allowed_peers),
+                )
+                transport.abort()
+                return
         # Above this many unsent bytes, pause_writing() stops reading requests.
         transport.set_write_buffer_limits(high=self._settings.write_buffer_max_bytes)  # type: ignore[attr-defined]
 
@@ -407,8 +423,13 @@ class StorageServer:
             self.workers[p] = PartitionWorker(
                 service, self._executor, self.settings.write_group_max_bytes
             )
+        tls = self.settings.tls
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: StorageConnection(self), host, port, reuse_address=True
+            lambda: StorageConnection(self),
+            host,
+            port,
+            reuse_address=True,
+            ssl=tls.listening_context() if tls is not None else None,
         )
         self.guard.start()
         return self._server.sockets[0].getsockname()[1]

@@ -1,0 +1,106 @@
+"""A local cluster on mutual TLS (``tls=True``): clients reach servers, and servers
+storage nodes, over TLS. It commits and replicates as usual; a server turns away a
+client without a certificate, and a storage node turns away a peer without a
+certificate of the cluster's CA, and one whose identity is not a server's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from waltz_client import WaltzClient, WaltzClientConfig
+from waltz_client.cluster.admin import read_params
+from waltz_client.cluster.zk import close, connect
+from waltz_client.local.certs import local_pki
+from waltz_client.local.verify import converged_digests
+from waltz_client.tls import TlsContexts, TlsFiles, tls_open_connection
+from waltz_client.transaction import TransactionBuilder, TransactionContext
+from waltz_client.wire.client_messages import HighWaterMarkRequest
+from waltz_client.wire.records import ReqId
+from waltz_client.wire.server_connection import ServerConnection
+from waltz_client.wire.storage_client import StorageClient
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class Put(TransactionContext):
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def partition(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(0)
+        builder.set_data(self.data)
+        return True
+
+
+def test_servers_and_storage_nodes_talk_over_mutual_tls(make_cluster):
+    cluster = make_cluster(partitions=1, tls=True)
+    assert cluster.pki is not None
+    config = WaltzClientConfig(
+        cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False, tls=cluster.client_tls
+    )
+
+    async def write_and_read() -> list[bytes]:
+        async with WaltzClient(config) as client:
+            for i in range(20):
+                assert await client.submit(Put(b"tls-%d" % i))
+            return [r.data async for r in client.read(0)]
+
+    assert asyncio.run(write_and_read()) == [b"tls-%d" % i for i in range(20)]
+    # Every replica holds the same log (read by an admin tool with its own certificate).
+    digests = asyncio.run(converged_digests(cluster, {0: 19}))[0]
+    assert len(set(digests)) == 1 and "incomplete" not in digests
+
+    zk = connect(cluster.zookeeper_connect)
+    try:
+        params = read_params(zk, cluster.layout.root)
+    finally:
+        close(zk)
+    port = cluster.storages[0].ready["port"]
+
+    async def attempt(open_connection) -> bool:
+        async with await StorageClient.connect(
+            "127.0.0.1", port, timeout=10, open_connection=open_connection
+        ) as c:
+            await c.open(params.key, params.num_partitions)
+            return True
+
+    # Plain TCP: the TLS listener gets no handshake it understands.
+    with pytest.raises((ConnectionError, OSError, asyncio.IncompleteReadError)):
+        asyncio.run(attempt(asyncio.open_connection))
+    # The cluster's CA, but a storage node's identity: not a server.
+    as_storage = tls_open_connection(TlsContexts(cluster.pki["waltz-storage-1"], listening=False))
+    with pytest.raises((ConnectionError, OSError, asyncio.IncompleteReadError)):
+        asyncio.run(attempt(as_storage))
+    assert "is not one of tls_allowed_peers" in cluster.storages[0].log_tail(50)
+    # The admin identity is let in.
+    assert asyncio.run(attempt(cluster.storage_open_connection()))
+
+
+def test_a_server_on_tls_refuses_plain_and_certificate_less_clients(make_cluster, tmp_path):
+    cluster = make_cluster(partitions=1, tls=True)
+    port = cluster.servers[0].ready["port"]
+    assert cluster.client_tls is not None
+    no_cert = TlsFiles(ca=cluster.client_tls.ca)
+    elsewhere = local_pki(str(tmp_path / "elsewhere"), {"waltz-client": ["127.0.0.1"]})
+
+    async def attempt(open_connection) -> float:
+        conn = await ServerConnection.connect("127.0.0.1", port, open_connection=open_connection)
+        try:
+            conn.send(HighWaterMarkRequest(ReqId(1, 0, 0, 1)))
+            await asyncio.wait_for(conn.closed_event.wait(), 10)
+        finally:
+            await conn.close()
+        return True
+
+    for refused in (
+        asyncio.open_connection,
+        tls_open_connection(TlsContexts(no_cert, listening=False)),
+        tls_open_connection(TlsContexts(elsewhere["waltz-client"], listening=False)),
+    ):
+        with pytest.raises((ConnectionError, OSError, asyncio.IncompleteReadError, TimeoutError)):
+            asyncio.run(attempt(refused))
