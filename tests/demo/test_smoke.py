@@ -11,7 +11,9 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_a_short_smoke_run_passes_under_faults(tmp_path, zookeeper_available):
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_short_smoke_run_passes_under_faults(tmp_path, zookeeper_available, tls):
+    """Once on plain TCP, once with every link on mutual TLS."""
     result = subprocess.run(
         [
             sys.executable,
@@ -30,6 +32,7 @@ def test_a_short_smoke_run_passes_under_faults(tmp_path, zookeeper_available):
             "4",
             "--seed",
             "7",
+            *(["--tls"] if tls else []),
         ],
         capture_output=True,
         text=True,

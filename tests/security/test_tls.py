@@ -152,3 +152,56 @@ def test_a_server_certificate_from_another_ca_is_refused(pki, tmp_path) -> None:
                 await connect(port, pki["waltz-server-0"])
 
     asyncio.run(go())
+
+
+def test_daemons_refuse_tls_files_that_cannot_work(pki, tmp_path) -> None:
+    from waltz_client.settings import ConfigError
+    from waltz_server.config import load_config as server_config
+    from waltz_storage.config import load_config as storage_config
+
+    good, other = pki["waltz-storage-0"], pki["other"]
+    base = [
+        "--directory",
+        str(tmp_path / "d"),
+        "--cluster-key",
+        "c0ffee00-1111-4222-8333-444455556666",
+        "--num-partitions",
+        "1",
+    ]
+    config = storage_config(
+        [*base, "--tls-cert", str(good.cert), "--tls-key", str(good.key), "--tls-ca", str(good.ca)],
+        {},
+    )
+    assert config.tls.enabled and config.tls_allowed_peers == ("waltz-server*",)
+    with pytest.raises(ConfigError, match="setting tls_key: needed with tls_cert"):
+        storage_config([*base, "--tls-cert", str(good.cert), "--tls-ca", str(good.ca)], {})
+    # A certificate with another's key: the files exist but cannot load together.
+    with pytest.raises(ConfigError, match="settings tls_cert, tls_key, tls_ca: cannot load"):
+        storage_config(
+            [
+                *base,
+                "--tls-cert",
+                str(good.cert),
+                "--tls-key",
+                str(other.key),
+                "--tls-ca",
+                str(good.ca),
+            ],
+            {},
+        )
+    with pytest.raises(ConfigError, match=r"setting storage_tls_ca: .* does not exist"):
+        server_config(
+            [
+                "--zookeeper",
+                "127.0.0.1:2181",
+                "--storage-tls-ca",
+                str(tmp_path / "none.pem"),
+                "--storage-tls-cert",
+                str(good.cert),
+                "--storage-tls-key",
+                str(good.key),
+            ],
+            {},
+        )
+    with pytest.raises(ConfigError, match="tls_allowed_peers"):
+        storage_config([*base, "--tls-allowed-peers", " , "], {})

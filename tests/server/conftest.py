@@ -140,7 +140,10 @@ class PartitionClient:
             port = self.cluster.servers[index].ready["port"]
             try:
                 self.conn = await ServerConnection.connect(
-                    "127.0.0.1", port, on_message=self._on_message
+                    "127.0.0.1",
+                    port,
+                    on_message=self._on_message,
+                    open_connection=self.cluster.client_open_connection(),
                 )
                 self.connection_seq += 1
                 q = self.req_id()

@@ -54,6 +54,14 @@ DEFAULTS = {
     "client_write_buffer_bytes": 4 * MiB,
     "max_frame_bytes": 64 * MiB,
     "max_data_bytes": 16 * MiB,
+    "tls_cert": "",
+    "tls_key": "",
+    "tls_ca": "",
+    "tls_verify_peer": True,
+    "storage_tls_cert": "",
+    "storage_tls_key": "",
+    "storage_tls_ca": "",
+    "storage_tls_verify_peer": True,
     "ready_file": "",
     "log_level": "INFO",
 }
@@ -275,7 +283,7 @@ def test_unknown_key_in_the_file(tmp_path, text, key):
     path = toml_file(tmp_path, text)
     message = config_error([*ZK, "--config", path])
     assert message.startswith(f"{path}: unknown setting {key!r} (known: zookeeper, zk_root, ")
-    assert message.endswith("max_data_bytes, ready_file, log_level)")
+    assert message.endswith("storage_tls_verify_peer, ready_file, log_level)")
 
 
 def test_missing_file(tmp_path):

@@ -298,6 +298,12 @@ class LocalCluster:
         """What a client of this cluster passes as ``WaltzClientConfig.tls``."""
         return self.pki[CLIENT_IDENTITY] if self.pki is not None else None
 
+    def client_open_connection(self) -> Callable[..., Any]:
+        """How a raw client (tests, tools) reaches this cluster's servers."""
+        if self.client_tls is None:
+            return asyncio.open_connection
+        return tls_open_connection(TlsContexts(self.client_tls, listening=False))
+
     def storage_open_connection(self) -> Callable[..., Any]:
         """How admin tools reach this cluster's storage nodes (as ``waltz-admin`` with TLS)."""
         if self.pki is None:
