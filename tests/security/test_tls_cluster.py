@@ -6,17 +6,24 @@ certificate of the cluster's CA, and one whose identity is not a server's."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
 from waltz_client import WaltzClient, WaltzClientConfig
-from waltz_client.cluster.admin import read_params
+from waltz_client.cluster.admin import new_client_id, read_params
 from waltz_client.cluster.zk import close, connect
 from waltz_client.local.certs import local_pki
 from waltz_client.local.verify import converged_digests
 from waltz_client.tls import TlsContexts, TlsFiles, tls_open_connection
 from waltz_client.transaction import TransactionBuilder, TransactionContext
-from waltz_client.wire.client_messages import HighWaterMarkRequest
+from waltz_client.wire.client_messages import (
+    ErrorCode,
+    HighWaterMarkRequest,
+    MountRequest,
+    MountResponse,
+    MountStatus,
+)
 from waltz_client.wire.records import ReqId
 from waltz_client.wire.server_connection import ServerConnection
 from waltz_client.wire.storage_client import StorageClient
@@ -104,3 +111,49 @@ def test_a_server_on_tls_refuses_plain_and_certificate_less_clients(make_cluster
     ):
         with pytest.raises((ConnectionError, OSError, asyncio.IncompleteReadError, TimeoutError)):
             asyncio.run(attempt(refused))
+
+
+def test_a_client_certificate_cannot_act_as_another_clients_id(make_cluster):
+    cluster = make_cluster(partitions=1, tls=True)
+    assert cluster.client_tls is not None
+    pki = os.path.dirname(cluster.client_tls.cert)
+    mallory = local_pki(pki, {"mallory": ["127.0.0.1"]})["mallory"]  # same CA, other name
+    port = cluster.servers[0].ready["port"]
+    zk = connect(cluster.zookeeper_connect)
+    try:
+        alice_id = new_client_id(zk, cluster.layout.root)
+        mallory_id = new_client_id(zk, cluster.layout.root)
+    finally:
+        close(zk)
+    generation = cluster.ownership()[0][1]
+
+    async def mount(files, client_id: int):
+        answers: list = []
+        opener = tls_open_connection(TlsContexts(files, listening=False))
+        conn = await ServerConnection.connect(
+            "127.0.0.1", port, on_message=answers.append, open_connection=opener
+        )
+        conn.send(MountRequest(ReqId(client_id, generation, 0, 1), -1, 1))
+        async with asyncio.timeout(30):
+            while not answers and not conn.closed:
+                await asyncio.sleep(0.05)
+        return answers, conn
+
+    async def scenario() -> None:
+        answers, alice = await mount(cluster.client_tls, alice_id)
+        assert answers == [MountResponse(ReqId(alice_id, generation, 0, 1), MountStatus.READY)]
+        # Mallory's certificate is valid, but alice's ID is alice's.
+        answers, conn = await mount(mallory, alice_id)
+        assert [(a.code, a.message) for a in answers] == [
+            (ErrorCode.UNAUTHORIZED, f"client ID {alice_id} belongs to another identity")
+        ]
+        await asyncio.wait_for(conn.closed_event.wait(), 10)
+        # Its own fresh ID is fine.
+        answers, conn = await mount(mallory, mallory_id)
+        assert isinstance(answers[0], MountResponse) and answers[0].status == MountStatus.READY
+        await conn.close()
+        assert not alice.closed
+        await alice.close()
+
+    asyncio.run(scenario())
+    assert "which belongs to 'waltz-client'" in cluster.servers[0].log_tail(50)

@@ -60,6 +60,14 @@ class ClusterPaths:
         return f"{self.root}/ownership"
 
     @property
+    def client_bindings(self) -> str:
+        """Client ID -> the certificate identity that first used it (with client TLS)."""
+        return f"{self.root}/client-bindings"
+
+    def client_binding(self, client_id: int) -> str:
+        return f"{self.root}/client-bindings/{client_id}"
+
+    @property
     def client_ids(self) -> str:
         """Parent of sequential nodes whose sequence numbers are unique client IDs."""
         return f"{self.root}/client-ids"

@@ -72,6 +72,7 @@ class ErrorCode(IntEnum):
     BAD_REQUEST = 5  # reserved: a malformed request closes the connection instead
     NOT_MOUNTED = 6  # a Flush on a connection without a current mount of the client
     LIMIT_EXCEEDED = 7  # a per-connection or per-partition limit of the server
+    UNAUTHORIZED = 8  # the connection's certificate may not act as this client ID
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ capped; the daemon-wide bounds (connections, deadlines, partial frames) are
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
 from waltz_client.peer_warnings import PeerWarnings
+from waltz_client.tls import peer_identity
 from waltz_client.wire.client_messages import (
     SERVER_PROTOCOL_VERSIONS,
     AppendRequest,
@@ -50,6 +52,7 @@ from waltz_client.wire.framing import (
     negotiate,
 )
 
+from .client_identity import ACTS_AS_CLIENT, ClientBindings
 from .partition import Partition, State
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,7 @@ class ClientConnectionHandler(asyncio.Protocol):
         write_buffer_bytes: int = 4 * 1024 * 1024,
         guard: PeerGuard | None = None,
         limits: ConnectionLimits | None = None,
+        bindings: ClientBindings | None = None,
     ) -> None:
         self._write_buffer_bytes = write_buffer_bytes
         self.limits = limits or ConnectionLimits()
@@ -92,6 +96,12 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._write_blocked = False
         self._budget_stopped = False
         self._admitted = False
+        # With client certificates: the identity, the client IDs it has proven, and the
+        # requests held (in order) while one is checked.
+        self._bindings = bindings
+        self.identity: str | None = None
+        self._proven: set[int] = set()
+        self._held: collections.deque[ClientMessage] = collections.deque()
         self._partitions = partitions
         self._max_frame_bytes = max_frame_bytes
         self._max_data_bytes = max_data_bytes
@@ -191,6 +201,7 @@ class ClientConnectionHandler(asyncio.Protocol):
             return
         self._admitted = True
         self._transport = transport  # type: ignore[assignment]
+        self.identity = peer_identity(transport)
         transport.set_write_buffer_limits(high=self._write_buffer_bytes)  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -226,7 +237,7 @@ class ClientConnectionHandler(asyncio.Protocol):
             frames = self._decoder.feed(data)
             self._frame.update(self._decoder.buffered)
             for message_type, body in frames:
-                self._dispatch(decode_client_request(message_type, body, self._max_data_bytes))
+                self._admit(decode_client_request(message_type, body, self._max_data_bytes))
                 if self.closed:
                     return
         except ProtocolError as e:
@@ -265,6 +276,69 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._hello = bytearray()
         if rest:
             self.data_received(rest)
+
+    # --- client identity ----------------------------------------------------------------
+
+    def _admit(self, message: ClientMessage) -> None:
+        """Dispatch, or hold (with everything after it, in order) while the connection's
+        right to act as the message's client ID is checked."""
+        if self._held or self._unproven(message):
+            self._held.append(message)
+            if len(self._held) == 1:
+                self.pause_reading()
+                task = asyncio.get_running_loop().create_task(self._prove_held())
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            return
+        self._dispatch(message)
+
+    def _unproven(self, message: ClientMessage) -> bool:
+        return (
+            self._bindings is not None
+            and self.identity is not None
+            and isinstance(message, ACTS_AS_CLIENT)
+            and message.req_id.client_id not in self._proven
+        )
+
+    async def _prove_held(self) -> None:
+        assert self._bindings is not None and self.identity is not None
+        try:
+            while self._held and not self.closed:
+                message = self._held[0]
+                if self._unproven(message):
+                    client_id = message.req_id.client_id
+                    owner = await self._bindings.bound_identity(client_id, self.identity)
+                    if owner != self.identity:
+                        self._on_error("unauthorized")
+                        self._error(
+                            message.req_id,
+                            ErrorCode.UNAUTHORIZED,
+                            f"client ID {client_id} belongs to another identity",
+                        )
+                        peer_warnings.warning(
+                            "closing client connection %s: identity %r used client ID %d, "
+                            "which belongs to %r",
+                            self.peer,
+                            self.identity,
+                            client_id,
+                            owner,
+                        )
+                        self._held.clear()
+                        self.close()
+                        return
+                    self._proven.add(client_id)
+                self._held.popleft()
+                self._dispatch(message)
+        except Exception as e:  # ZooKeeper unreachable: refuse rather than guess
+            peer_warnings.warning(
+                "closing client connection %s: cannot check its client ID: %s",
+                self.peer,
+                describe(e),
+            )
+            self._held.clear()
+            self.close()
+            return
+        self.resume_reading()
 
     # --- dispatch -----------------------------------------------------------------------
 

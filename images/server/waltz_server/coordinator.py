@@ -300,6 +300,23 @@ class ServerCoordinator:
             raise MetadataConflict(f"{path} changed under us") from None
         return stat.version
 
+    async def bind_client(self, client_id: int, identity: str) -> str:
+        """The identity ``client_id`` is bound to: ``identity`` if this is the ID's first
+        use (the binding is created, atomically: the first user wins), else the one
+        recorded."""
+        path = self.paths.client_binding(client_id)
+        zk = self.zk
+
+        def bind() -> str:
+            try:
+                zk.create(path, identity.encode(), makepath=True)
+                return identity
+            except NodeExistsError:
+                data, _ = zk.get(path)
+                return data.decode(errors="replace")
+
+        return await self._run(bind)
+
     async def read_assignment(self) -> ReplicaAssignment:
         assignment, _ = await self._run(read_assignment, self.zk, self.paths.root)
         return assignment

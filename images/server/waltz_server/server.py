@@ -18,6 +18,7 @@ from waltz_client.tasks import spawn
 from waltz_client.tls import TlsContexts, tls_open_connection
 
 from .catch_up import CatchUpSettings
+from .client_identity import ClientBindings
 from .config import ServerConfig
 from .connection import ClientConnectionHandler, ConnectionLimits
 from .coordinator import ServerCoordinator
@@ -35,6 +36,12 @@ class WaltzServer:
         self.partitions: dict[int, Partition] = {}
         self.connection_limits = ConnectionLimits()
         self.guard = PeerGuard(self.connection_limits.peer, "handshake")
+        # With client certificates, each client ID belongs to one identity.
+        self.bindings = (
+            ClientBindings(coordinator.bind_client)
+            if config.tls.enabled and config.tls.verify_peer
+            else None
+        )
         self.metrics = ServerMetrics(self)
         self.partition_settings = PartitionSettings(
             lock_table_size=config.lock_table_size,
@@ -91,6 +98,7 @@ class WaltzServer:
             self.config.client_write_buffer_bytes,
             self.guard,
             self.connection_limits,
+            self.bindings,
         )
         self.metrics.connections.inc()
         return conn
