@@ -157,3 +157,22 @@ def test_offsets_round_trip_through_json_keys():
     assert decode_offsets({"0": 1, "2": 5}) == {0: 1, 2: 5}
     with pytest.raises(ValueError, match="not a waltz offset"):
         decode_offsets({"x": 1})
+
+
+def test_tls_options_name_the_option_and_reach_the_client(tmp_path):
+    from waltz_client.local.certs import local_pki
+    from waltz_client.spark.split_reader import client_config
+
+    files = local_pki(str(tmp_path), {"waltz-client": ["127.0.0.1"]})["waltz-client"]
+    options = {"zookeeper": "z:1", "tlsCert": files.cert, "tlsKey": files.key, "tlsCa": files.ca}
+    read = parse_read_options(options, streaming=False)
+    assert read.tls == files and client_config(read).tls == files
+    assert parse_write_options(options, streaming=False).tls == files
+    with pytest.raises(WaltzOptionError, match=r"^tlsKey: needed with tlsCert$"):
+        parse_read_options(
+            {"zookeeper": "z:1", "tlsCert": files.cert, "tlsCa": files.ca}, streaming=False
+        )
+    missing = str(tmp_path / "none.pem")
+    with pytest.raises(WaltzOptionError, match=f"^tlsCa: {missing} does not exist$"):
+        parse_write_options({"zookeeper": "z:1", "tlsCa": missing}, streaming=True)
+    assert parse_read_options({"zookeeper": "z:1"}, streaming=True).tls is None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from waltz_client.cluster.paths import normalise_root
 from waltz_client.partition_ranges import parse_partition_ranges
+from waltz_client.tls import TlsError, TlsFiles
 
 EARLIEST = -2  # in a JSON offset map, as in Spark's Kafka source
 LATEST = -1
@@ -39,6 +40,7 @@ class ReadOptions:
     fetch_records: int = 2000  # per range-read request
     fetch_bytes: int = 16 * 1024 * 1024
     fetch_in_flight: int = 4  # range-read requests under way at once, per task
+    tls: TlsFiles | None = None  # reach servers over TLS (files on every executor)
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,10 @@ class WriteOptions:
     max_retries: int = 20
     request_timeout: float = 30.0
     max_in_flight: int = 1000
+    tls: TlsFiles | None = None
 
 
-_COMMON = ("zookeeper", "zkroot", "requesttimeout")
+_COMMON = ("zookeeper", "zkroot", "requesttimeout", "tlscert", "tlskey", "tlsca")
 _READ = (
     *_COMMON,
     "partitions",
@@ -78,6 +81,9 @@ _SPELLING = {
         "zookeeper",
         "zkRoot",
         "requestTimeout",
+        "tlsCert",
+        "tlsKey",
+        "tlsCa",
         "partitions",
         "startingOffsets",
         "endingOffsets",
@@ -142,6 +148,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         fetch_records=_integer(given, "fetchrecords", 1, ReadOptions.fetch_records, 1_000_000),
         fetch_bytes=_integer(given, "fetchbytes", 1024, ReadOptions.fetch_bytes, 2**30),
         fetch_in_flight=_integer(given, "fetchinflight", 1, ReadOptions.fetch_in_flight, 64),
+        tls=_tls(given),
     )
 
 
@@ -176,6 +183,7 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool) -> Write
         max_retries=_integer(given, "maxretries", 1, WriteOptions.max_retries),
         request_timeout=_seconds(given, "requesttimeout", WriteOptions.request_timeout),
         max_in_flight=_integer(given, "maxinflight", 1, WriteOptions.max_in_flight, 100_000),
+        tls=_tls(given),
     )
 
 
@@ -226,6 +234,25 @@ def _lower(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]
         names = ", ".join(_SPELLING[k] for k in known)
         raise WaltzOptionError(f"unknown option {unknown[0]!r}; the options are: {names}")
     return given
+
+
+def _tls(given: dict[str, str]) -> TlsFiles | None:
+    """tlsCert, tlsKey, tlsCa: PEM files (on the driver and every executor), as the
+    client library's WaltzClientConfig.tls."""
+    files = TlsFiles(
+        given.get("tlscert") or None, given.get("tlskey") or None, given.get("tlsca") or None
+    )
+    if not files.enabled:
+        return None
+    try:
+        files.check("tls", listening=False)
+    except TlsError as e:
+        # "setting tls_cert: ..." -> "tlsCert: ..."
+        message = str(e).removeprefix("setting ")
+        for name in ("cert", "key", "ca"):
+            message = message.replace(f"tls_{name}", "tls" + name.capitalize())
+        raise WaltzOptionError(message) from None
+    return files
 
 
 def _zookeeper(given: dict[str, str]) -> str:

@@ -81,9 +81,7 @@ class WaltzDataSource(DataSource):
 
 
 def _driver_client(options: ReadOptions) -> BlockingWaltzClient:
-    return BlockingWaltzClient(
-        client_config(options.zookeeper, options.zk_root, options.request_timeout)
-    )
+    return BlockingWaltzClient(client_config(options))
 
 
 def _latest(client: BlockingWaltzClient, partitions: list[int]) -> dict[int, int]:

@@ -15,31 +15,35 @@ from waltz_client.client import MissingTransactions, WaltzError
 from waltz_client.config import WaltzClientConfig
 
 from .arrow import to_arrow
-from .options import ReadOptions
+from .options import ReadOptions, WriteOptions
 from .planning import Split
 
 log = logging.getLogger(__name__)
 
 
-def client_config(zookeeper: str, zk_root: str, request_timeout: float) -> WaltzClientConfig:
+def client_config(options: ReadOptions | WriteOptions) -> WaltzClientConfig:
     """A client that reads and writes but mounts nothing: no feed to apply."""
     return WaltzClientConfig(
-        zookeeper=zookeeper, zk_root=zk_root, request_timeout=request_timeout, feed=False
+        zookeeper=options.zookeeper,
+        zk_root=options.zk_root,
+        request_timeout=options.request_timeout,
+        feed=False,
+        tls=options.tls,
     )
 
 
-_clients: dict[tuple[str, str, float], BlockingWaltzClient] = {}
+_clients: dict[tuple, BlockingWaltzClient] = {}
 _clients_lock = threading.Lock()
 
 
 def shared_client(options: ReadOptions) -> BlockingWaltzClient:
     """One client per cluster for the whole Python worker: Spark reuses its workers, and
     a client costs a ZooKeeper session and a connection to each server to set up."""
-    key = (options.zookeeper, options.zk_root, options.request_timeout)
+    key = (options.zookeeper, options.zk_root, options.request_timeout, options.tls)
     with _clients_lock:
         client = _clients.get(key)
         if client is None or client.client.closed:
-            client = BlockingWaltzClient(client_config(*key))
+            client = BlockingWaltzClient(client_config(options))
             _clients[key] = client
         return client
 

@@ -77,7 +77,7 @@ def job_high_water_marks(options: WriteOptions) -> dict[int, int] | None:
         return options.lock_marks
     if options.lock_high_water_mark != "job":
         return None
-    config = client_config(options.zookeeper, options.zk_root, options.request_timeout)
+    config = client_config(options)
     with BlockingWaltzClient(config) as client:
         return {p: client.high_water_mark(p) for p in range(client.num_partitions)}
 
@@ -170,7 +170,7 @@ def append_rows(
     options: WriteOptions, rows: Iterator[Row], fixed: dict[int, int] | None
 ) -> WaltzCommitMessage:
     message = WaltzCommitMessage()
-    config = client_config(options.zookeeper, options.zk_root, options.request_timeout)
+    config = client_config(options)
     with BlockingWaltzClient(config) as client:
         n = client.num_partitions
         chunk: list[_RowAppend] = []
