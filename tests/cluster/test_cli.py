@@ -569,7 +569,9 @@ def test_unreachable_zookeeper_exits_2_naming_the_address(monkeypatch, capsys) -
     """Run in-process with a 1 s connect timeout: the CLI has no timeout option and waits the
     default 15 s (kazoo keeps retrying a refused connection until then)."""
     real_connect = cluster_cli.connect
-    monkeypatch.setattr(cluster_cli, "connect", lambda hosts: real_connect(hosts, timeout=1.0))
+    monkeypatch.setattr(
+        cluster_cli, "connect", lambda hosts, **kw: real_connect(hosts, **kw, timeout=1.0)
+    )
     address = f"127.0.0.1:{closed_port()}"
     from waltz_client.cli import main
 

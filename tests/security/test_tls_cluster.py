@@ -1,7 +1,8 @@
 """A local cluster on mutual TLS (``tls=True``): clients reach servers, and servers
-storage nodes, over TLS. It commits and replicates as usual; a server turns away a
-client without a certificate, and a storage node turns away a peer without a
-certificate of the cluster's CA, and one whose identity is not a server's."""
+storage nodes, over TLS, and the metadata is under ZooKeeper ACLs. It commits and
+replicates as usual; a server turns away a client without a certificate, and a storage
+node turns away a peer without a certificate of the cluster's CA, and one whose
+identity is not a server's."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import asyncio
 import os
 
 import pytest
+from kazoo.exceptions import NoAuthError
 
 from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_client.cluster.admin import new_client_id, read_params
+from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_client.local.certs import local_pki
 from waltz_client.local.verify import converged_digests
@@ -65,6 +68,10 @@ def test_servers_and_storage_nodes_talk_over_mutual_tls(make_cluster):
     zk = connect(cluster.zookeeper_connect)
     try:
         params = read_params(zk, cluster.layout.root)
+        # The metadata is under ACLs: servers write it with their credential; a stranger
+        # who can reach ZooKeeper reads it but cannot change ownership.
+        with pytest.raises(NoAuthError):
+            zk.set(ClusterPaths.of(cluster.layout.root).ownership, b"{}")
     finally:
         close(zk)
     port = cluster.storages[0].ready["port"]

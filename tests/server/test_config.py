@@ -54,6 +54,7 @@ DEFAULTS = {
     "client_write_buffer_bytes": 4 * MiB,
     "max_frame_bytes": 64 * MiB,
     "max_data_bytes": 16 * MiB,
+    "zk_auth_file": "",
     "tls_cert": "",
     "tls_key": "",
     "tls_ca": "",
@@ -64,6 +65,7 @@ DEFAULTS = {
     "storage_tls_verify_peer": True,
     "ready_file": "",
     "log_level": "INFO",
+    "zk_credential": None,
 }
 
 
@@ -115,6 +117,8 @@ def test_every_setting_has_a_flag_and_a_field():
     help_text = parser.format_help()
     assert "--config" in help_text
     for name in DEFAULTS:
+        if name == "zk_credential":
+            continue  # read from zk_auth_file, not a setting of its own
         assert flag(name) in help_text, name
         assert env_var(name) in help_text, name
     assert "(required; env WALTZ_SERVER_ZOOKEEPER)" in " ".join(help_text.split())

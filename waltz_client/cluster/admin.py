@@ -22,6 +22,7 @@ from kazoo.exceptions import (
 
 from waltz_client.partition_ranges import format_partition_ranges
 
+from .acl import client_ids_acl_of
 from .metadata import (
     ClusterParams,
     MetadataError,
@@ -145,7 +146,7 @@ def create_cluster(
         txn.create(
             paths.ownership, Ownership({p: (None, 0) for p in range(num_partitions)}).encode()
         )
-        txn.create(paths.client_ids, b"")
+        txn.create(paths.client_ids, b"", acl=client_ids_acl_of(zk))
         try:
             results = txn.commit()
         except ConnectionLoss:

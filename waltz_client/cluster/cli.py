@@ -14,6 +14,7 @@ from kazoo.client import KazooClient
 from waltz_client.partition_ranges import format_partition_ranges, parse_partition_ranges
 
 from . import admin
+from .acl import credential_from_setting
 from .metadata import ReplicaAssignment
 from .paths import ClusterPaths
 from .placement import quorum
@@ -40,6 +41,12 @@ def register(groups: argparse._SubParsersAction) -> None:
                 default=os.environ.get("WALTZ_ROOT", DEFAULT_ROOT),
                 help=f"cluster root znode (env WALTZ_ROOT, default {DEFAULT_ROOT})",
             )
+        p.add_argument(
+            "--zk-auth-file",
+            default=os.environ.get("WALTZ_ZK_AUTH_FILE", ""),
+            help="file holding user:password of the cluster's ZooKeeper credential; create "
+            "writes ACLs with it, other commands authenticate (env WALTZ_ZK_AUTH_FILE)",
+        )
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=lambda args: _run(args, func))
         return p
@@ -99,7 +106,8 @@ def _run(args: argparse.Namespace, func: Callable[[KazooClient, argparse.Namespa
     try:
         if getattr(args, "root", None) is not None:
             args.root = ClusterPaths.of(args.root).root
-        zk = connect(args.zookeeper)
+        credential = credential_from_setting(args.zk_auth_file, "--zk-auth-file")
+        zk = connect(args.zookeeper, credential=credential)
     except (ClusterError, ValueError) as e:
         print(f"waltz cluster: error: {e}", file=sys.stderr)
         return 2

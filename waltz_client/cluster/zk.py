@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
+
+if TYPE_CHECKING:
+    from .acl import ZkCredential
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +23,13 @@ def connect(
     timeout: float = 15.0,
     read_only: bool = False,
     session_timeout: float = 10.0,
+    credential: ZkCredential | None = None,
 ) -> KazooClient:
-    """A started KazooClient, or ClusterError naming the ensemble that did not answer."""
+    """A started KazooClient, or ClusterError naming the ensemble that did not answer.
+    With ``credential``, it authenticates, and the nodes it creates get the cluster's ACL
+    (``acl.metadata_acl``)."""
+    from .acl import metadata_acl
+
     if not connect_string.strip():
         raise ClusterError("no ZooKeeper connect string (host:port[,host:port...][/chroot])")
     try:
@@ -29,6 +38,8 @@ def connect(
             timeout=session_timeout,
             read_only=read_only,
             logger=logging.getLogger("kazoo.client"),
+            auth_data=credential.auth_data if credential is not None else None,
+            default_acl=metadata_acl(credential) if credential is not None else None,
         )
     except ValueError as e:
         raise ClusterError(f"bad ZooKeeper connect string {connect_string!r}: {e}") from None

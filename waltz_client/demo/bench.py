@@ -36,7 +36,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=0.0, help="open loop: tx/s (default closed)")
     p.add_argument("--lock-pool", type=int, default=0, help="write locks drawn from N ids")
     p.add_argument("--consumers", type=int, default=1, help="catch-up consumers (default 1)")
-    p.add_argument("--tls", action="store_true", help="every link on mutual TLS")
+    p.add_argument("--tls", action="store_true", help="mutual TLS, and ZooKeeper ACLs")
     p.set_defaults(func=cmd_bench)
 
 

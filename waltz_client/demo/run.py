@@ -37,7 +37,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", type=int, default=4, help="partitions (default 4)")
     p.add_argument("--accounts", type=int, default=40, help="accounts (default 40)")
     p.add_argument("--no-faults", action="store_true", help="skip the kills")
-    p.add_argument("--tls", action="store_true", help="every link on mutual TLS")
+    p.add_argument("--tls", action="store_true", help="mutual TLS, and ZooKeeper ACLs")
     p.set_defaults(func=cmd_demo)
 
 

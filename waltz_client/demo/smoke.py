@@ -43,7 +43,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--lock-pool", type=int, default=50, help="distinct write locks")
     p.add_argument("--fault-every", type=float, default=3.0, help="seconds between faults")
     p.add_argument("--seed", type=int, default=1, help="fault schedule and workload seed")
-    p.add_argument("--tls", action="store_true", help="every link on mutual TLS")
+    p.add_argument("--tls", action="store_true", help="mutual TLS, and ZooKeeper ACLs")
     p.set_defaults(func=cmd_smoke)
 
 

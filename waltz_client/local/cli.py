@@ -29,7 +29,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--servers", type=int, default=2, help="servers (default 2)")
     p.add_argument("--name", default="local", help="cluster name (default local)")
     p.add_argument(
-        "--tls", action="store_true", help="mutual TLS on every link (a throw-away CA in pki/)"
+        "--tls", action="store_true", help="mutual TLS (a throw-away CA in pki/) and ZooKeeper ACLs"
     )
     p.set_defaults(func=cmd_up)
 

@@ -10,7 +10,8 @@ keep nothing on disk; each has a fixed ID, ``server-<i>``.
 With ``tls=True`` a throw-away CA in ``pki/`` issues a certificate per daemon
 (``waltz-storage-<i>``, ``waltz-server-<i>``), one for admin tools (``waltz-admin``) and
 one for clients (``waltz-client``, ``client_tls``); clients reach servers, and servers
-storage nodes, over mutual TLS.
+storage nodes, over mutual TLS; and the metadata in ZooKeeper gets ACLs: only the
+credential in ``pki/zk-auth`` (given to servers) may write it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import socket
 import sys
 import time
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from waltz_client.cluster.acl import credential_from_setting
 from waltz_client.cluster.admin import CreateResult, create_cluster
 from waltz_client.cluster.zk import close, connect
 from waltz_client.tls import TlsContexts, TlsFiles, tls_open_connection
@@ -153,6 +156,12 @@ class LocalCluster:
             identities.update({f"waltz-storage-{i}": hosts for i in range(storages)})
             identities.update({f"waltz-server-{i}": hosts for i in range(servers)})
             self.pki = local_pki(os.path.join(self.data_dir, "pki"), identities)
+        # A secure cluster also keeps its metadata under ZooKeeper ACLs (acl.py).
+        self.zk_auth_file = os.path.join(self.data_dir, "pki", "zk-auth") if tls else ""
+        if self.zk_auth_file and not os.path.exists(self.zk_auth_file):
+            with open(os.open(self.zk_auth_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write(f"waltz:{secrets.token_urlsafe(24)}\n")
+        self.zk_credential = credential_from_setting(self.zk_auth_file, "zk_auth_file")
         self.external_zookeeper = external_zookeeper
         self.zookeeper: EmbeddedZooKeeper | None = None
         if external_zookeeper is None:
@@ -271,6 +280,7 @@ class LocalCluster:
             [
                 "--server-id",
                 f"server-{i}",
+                *(["--zk-auth-file", self.zk_auth_file] if self.zk_auth_file else []),
                 *self._tls_args(f"waltz-server-{i}", "tls"),
                 *self._tls_args(f"waltz-server-{i}", "storage-tls"),
                 *self.server_args,
@@ -345,7 +355,7 @@ class LocalCluster:
             if self.zookeeper is not None:
                 progress(f"starting ZooKeeper on {self.zookeeper_connect}")
                 self.zookeeper.start()
-            zk = connect(self.zookeeper_connect)
+            zk = connect(self.zookeeper_connect, credential=self.zk_credential)
             try:
                 self.created = create_cluster(
                     zk,

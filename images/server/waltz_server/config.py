@@ -9,6 +9,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from waltz_client.cluster.acl import ZkCredential, credential_from_setting
+from waltz_client.cluster.zk import ClusterError
 from waltz_client.settings import (
     REQUIRED,
     ConfigError,
@@ -114,6 +116,13 @@ SETTINGS = (
     ),
     Setting("max_frame_bytes", size_at_least(64 * 1024), "64MiB", "largest frame accepted"),
     Setting("max_data_bytes", size_at_least(1), "16MiB", "largest transaction data accepted"),
+    Setting(
+        "zk_auth_file",
+        str,
+        "",
+        "file holding user:password, the ZooKeeper credential that may write the "
+        "cluster's metadata (when CreateCluster set ACLs)",
+    ),
     Setting("tls_cert", str, "", "PEM certificate: serve clients over TLS"),
     Setting("tls_key", str, "", "PEM private key of tls_cert"),
     Setting("tls_ca", str, "", "PEM CA bundle that clients' certificates must chain to"),
@@ -173,6 +182,7 @@ class ServerConfig:
     client_write_buffer_bytes: int
     max_frame_bytes: int
     max_data_bytes: int
+    zk_auth_file: str
     tls_cert: str
     tls_key: str
     tls_ca: str
@@ -183,6 +193,7 @@ class ServerConfig:
     storage_tls_verify_peer: bool
     ready_file: str
     log_level: str
+    zk_credential: ZkCredential | None = None  # read from zk_auth_file
 
     @property
     def tls(self) -> TlsFiles:
@@ -228,6 +239,10 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerCon
         )
     if values["max_batch_bytes"] > values["max_frame_bytes"] // 2:
         raise ConfigError("setting max_batch_bytes must be at most half of max_frame_bytes")
+    try:
+        values["zk_credential"] = credential_from_setting(values["zk_auth_file"], "zk_auth_file")
+    except ClusterError as e:
+        raise ConfigError(str(e)) from None
     config = ServerConfig(**values)
     if config.tls.enabled:
         check_tls(config.tls, "tls", listening=True)

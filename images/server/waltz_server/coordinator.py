@@ -21,6 +21,7 @@ from collections.abc import Callable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from waltz_client.cluster.acl import ZkCredential
 from waltz_client.cluster.admin import read_assignment, read_params
 from waltz_client.cluster.metadata import (
     ClusterParams,
@@ -54,6 +55,7 @@ class ServerCoordinator:
         registration: ServerRegistration,
         *,
         session_timeout: float = 10.0,
+        credential: ZkCredential | None = None,
         on_ownership: Callable[[dict[int, int]], None] = lambda owned: None,
         on_assignment: Callable[[ReplicaAssignment], None] = lambda a: None,
         on_session_lost: Callable[[], None] = lambda: None,
@@ -62,6 +64,7 @@ class ServerCoordinator:
         self.paths = ClusterPaths.of(root)
         self.registration = registration
         self.session_timeout = session_timeout
+        self.credential = credential  # writes the metadata under the cluster's ACL
         self._on_ownership = on_ownership
         self._on_assignment = on_assignment
         self._on_session_lost = on_session_lost
@@ -103,7 +106,10 @@ class ServerCoordinator:
             try:
                 self._zk = await self._run(
                     lambda: connect(
-                        self.connect_string, timeout=10.0, session_timeout=self.session_timeout
+                        self.connect_string,
+                        timeout=10.0,
+                        session_timeout=self.session_timeout,
+                        credential=self.credential,
                     )
                 )
             except ClusterError as e:

@@ -28,7 +28,11 @@ async def serve(config: ServerConfig) -> int:
     # Bind first: the registration must name the ports clients will reach.
     unregistered = ServerRegistration("pending", config.advertised(), 0, 0)
     coordinator = ServerCoordinator(
-        config.zookeeper, config.zk_root, unregistered, session_timeout=config.zk_session_timeout
+        config.zookeeper,
+        config.zk_root,
+        unregistered,
+        session_timeout=config.zk_session_timeout,
+        credential=config.zk_credential,
     )
     server = WaltzServer(config, coordinator)
     try:
