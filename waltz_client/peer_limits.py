@@ -167,3 +167,46 @@ class FrameProgress:
         """Reading resumed: the frame's deadline counts from now."""
         if self.partial:
             self.since = time.monotonic()
+
+
+def peer_limit_settings() -> list:
+    """The daemon settings (both daemons) behind PeerLimits."""
+    from .settings import Setting, float_in, int_in, size_at_least
+
+    defaults = PeerLimits()
+    return [
+        Setting(
+            "max_connections",
+            int_in(1, 1_000_000),
+            defaults.max_connections,
+            "connections on the protocol port at once; more are dropped at once",
+        ),
+        Setting(
+            "handshake_timeout",
+            float_in(0.1, 3600.0),
+            defaults.handshake_timeout,
+            "seconds a new connection has to finish its handshake (and Open, on storage)",
+        ),
+        Setting(
+            "partial_frame_timeout",
+            float_in(1.0, 3600.0),
+            defaults.partial_frame_timeout,
+            "seconds a peer has to finish sending a frame it started",
+        ),
+        Setting(
+            "partial_frames_max_bytes",
+            size_at_least(1024 * 1024),
+            "256MiB",
+            "bytes of partly received frames, all connections together",
+        ),
+    ]
+
+
+def peer_limits_of(config: object) -> PeerLimits:
+    """PeerLimits from a daemon config holding the peer_limit_settings() fields."""
+    return PeerLimits(
+        max_connections=config.max_connections,  # type: ignore[attr-defined]
+        handshake_timeout=config.handshake_timeout,  # type: ignore[attr-defined]
+        partial_frame_timeout=config.partial_frame_timeout,  # type: ignore[attr-defined]
+        partial_frames_max_bytes=config.partial_frames_max_bytes,  # type: ignore[attr-defined]
+    )

@@ -54,6 +54,14 @@ DEFAULTS = {
     "client_write_buffer_bytes": 4 * MiB,
     "max_frame_bytes": 64 * MiB,
     "max_data_bytes": 16 * MiB,
+    "max_connections": 1024,
+    "handshake_timeout": 10.0,
+    "partial_frame_timeout": 60.0,
+    "partial_frames_max_bytes": 256 * MiB,
+    "max_feeds_per_connection": 1024,
+    "max_feeds_per_partition": 10_000,
+    "max_reads_per_connection": 32,
+    "max_read_bytes_per_connection": 64 * MiB,
     "zk_auth_file": "",
     "tls_cert": "",
     "tls_key": "",
@@ -693,3 +701,31 @@ def test_bad_port_exits_2_with_one_error_line():
         "expected an integer in 0..65535, got 'notaport'"
     )
     assert result.stdout == ""
+
+
+def test_connection_limits_are_settings():
+    from waltz_server.server import WaltzServer
+
+    config = load_config(
+        [
+            *ZK,
+            "--max-connections",
+            "7",
+            "--max-feeds-per-connection",
+            "3",
+            "--handshake-timeout",
+            "2.5",
+            "--max-read-bytes-per-connection",
+            "2MiB",
+            "--max-feeds-per-partition",
+            "9",
+        ],
+        {},
+    )
+    server = WaltzServer(config, coordinator=None)  # type: ignore[arg-type]
+    limits = server.connection_limits
+    assert (limits.max_feeds, limits.max_read_bytes) == (3, 2 * MiB)
+    assert (limits.peer.max_connections, limits.peer.handshake_timeout) == (7, 2.5)
+    assert server.partition_settings.max_feeds == 9
+    with pytest.raises(ConfigError, match="handshake_timeout"):
+        load_config([*ZK, "--handshake-timeout", "0"], {})

@@ -214,3 +214,25 @@ def test_partial_frames_share_a_budget_and_all_of_them_finish(serve):
             assert peak <= 2 * MiB + len(frames[0]) + 3 * 256 * 1024
 
     run(go(), timeout=60)
+
+
+def test_the_limits_are_settings_of_the_daemon(storage_factory):
+    """--max-connections and --handshake-timeout reach a real waltz-storage process."""
+    node = storage_factory(extra=["--max-connections", "2", "--handshake-timeout", "1"])
+
+    async def go() -> None:
+        async with await node.client() as first:
+            # A second connection that never opens: closed after its 1 s deadline.
+            reader, writer = await raw_connect(node)
+            assert await read_until_closed(reader, timeout=15) == b""
+            writer.close()
+            async with await node.client() as second:
+                # A third is over the cap: dropped unanswered.
+                r3, w3 = await asyncio.open_connection(node.host, node.port)
+                w3.write(Hello(Service.STORAGE, 1, 1).encode())
+                assert await read_until_closed(r3) == b""
+                w3.close()
+                await check_serves(node, second)
+            await check_serves(node, first)
+
+    run(go(), timeout=60)

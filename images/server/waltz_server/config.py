@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from waltz_client.cluster.acl import ZkCredential, credential_from_setting
 from waltz_client.cluster.zk import ClusterError
+from waltz_client.peer_limits import peer_limit_settings
 from waltz_client.settings import (
     REQUIRED,
     ConfigError,
@@ -116,6 +117,31 @@ SETTINGS = (
     ),
     Setting("max_frame_bytes", size_at_least(64 * 1024), "64MiB", "largest frame accepted"),
     Setting("max_data_bytes", size_at_least(1), "16MiB", "largest transaction data accepted"),
+    *peer_limit_settings(),
+    Setting(
+        "max_feeds_per_connection",
+        int_in(1, 1_000_000),
+        1024,
+        "feeds and mounts one client connection may hold",
+    ),
+    Setting(
+        "max_feeds_per_partition",
+        int_in(1, 10_000_000),
+        10_000,
+        "feeds and mounts of one partition, all connections together",
+    ),
+    Setting(
+        "max_reads_per_connection",
+        int_in(1, 100_000),
+        32,
+        "read requests of one connection in flight before it stops being read",
+    ),
+    Setting(
+        "max_read_bytes_per_connection",
+        size_at_least(1024 * 1024),
+        "64MiB",
+        "largest replies of one connection's reads in flight, together",
+    ),
     Setting(
         "zk_auth_file",
         str,
@@ -182,6 +208,14 @@ class ServerConfig:
     client_write_buffer_bytes: int
     max_frame_bytes: int
     max_data_bytes: int
+    max_connections: int
+    handshake_timeout: float
+    partial_frame_timeout: float
+    partial_frames_max_bytes: int
+    max_feeds_per_connection: int
+    max_feeds_per_partition: int
+    max_reads_per_connection: int
+    max_read_bytes_per_connection: int
     zk_auth_file: str
     tls_cert: str
     tls_key: str

@@ -13,7 +13,7 @@ import asyncio
 import logging
 
 from waltz_client.cluster.metadata import ReplicaAssignment
-from waltz_client.peer_limits import PeerGuard
+from waltz_client.peer_limits import PeerGuard, peer_limits_of
 from waltz_client.tasks import spawn
 from waltz_client.tls import TlsContexts, tls_open_connection
 
@@ -34,7 +34,12 @@ class WaltzServer:
         self.config = config
         self.coordinator = coordinator
         self.partitions: dict[int, Partition] = {}
-        self.connection_limits = ConnectionLimits()
+        self.connection_limits = ConnectionLimits(
+            max_feeds=config.max_feeds_per_connection,
+            max_reads=config.max_reads_per_connection,
+            max_read_bytes=config.max_read_bytes_per_connection,
+            peer=peer_limits_of(config),
+        )
         self.guard = PeerGuard(self.connection_limits.peer, "handshake")
         # With client certificates, each client ID belongs to one identity.
         self.bindings = (
@@ -50,6 +55,7 @@ class WaltzServer:
             data_cache_bytes=config.data_cache_bytes,
             max_queue=config.max_queue,
             checkpoint_interval=config.checkpoint_interval,
+            max_feeds=config.max_feeds_per_partition,
         )
         self._owned: dict[int, int] = {}
         self._changes: asyncio.Queue[None] = asyncio.Queue()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from waltz_client.cluster.metadata import validate_storage_address
 from waltz_client.partition_ranges import parse_partition_ranges
+from waltz_client.peer_limits import peer_limit_settings
 from waltz_client.settings import (
     REQUIRED,
     ConfigError,
@@ -81,6 +82,7 @@ SETTINGS = [
         "8MiB",
         "request bytes one partition commits with one fsync",
     ),
+    *peer_limit_settings(),
     Setting("tls_cert", str, "", "PEM certificate: serve the protocol port over TLS"),
     Setting("tls_key", str, "", "PEM private key of tls_cert"),
     Setting("tls_ca", str, "", "PEM CA bundle that servers' certificates must chain to"),
@@ -119,6 +121,10 @@ class StorageConfig:
     queue_max_requests: int
     queue_max_bytes: int
     write_group_max_bytes: int
+    max_connections: int
+    handshake_timeout: float
+    partial_frame_timeout: float
+    partial_frames_max_bytes: int
     tls_cert: str
     tls_key: str
     tls_ca: str

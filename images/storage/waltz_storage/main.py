@@ -11,6 +11,7 @@ import sys
 from waltz_client.cluster.metadata import ReplicaAssignment, key_fingerprint
 from waltz_client.daemon import run_daemon, start_http, write_ready_file
 from waltz_client.partition_ranges import format_partition_ranges
+from waltz_client.peer_limits import peer_limits_of
 from waltz_client.tls import TlsContexts
 
 from .config import ConfigError, StorageConfig, load_config
@@ -36,6 +37,7 @@ async def serve(config: StorageConfig) -> int:
         write_group_max_bytes=config.write_group_max_bytes,
         tls=TlsContexts(config.tls, listening=True) if config.tls.enabled else None,
         allowed_peers=config.tls_allowed_peers,
+        peer=peer_limits_of(config),
     )
     engine_settings = EngineSettings(
         segment_bytes=config.segment_bytes,
