@@ -220,7 +220,9 @@ class WaltzClient:
             raise TypeError("callbacks are required unless WaltzClientConfig.feed is False")
         self.config = config
         self.callbacks = callbacks
-        self.view = ClusterView(config.zookeeper, config.zk_root, config.zk_session_timeout)
+        self.view = ClusterView(
+            config.zookeeper, config.zk_root, config.zk_session_timeout, tls=config.zk_tls
+        )
         self._links: dict[str, _ServerLink] = {}
         self._partitions: dict[int, _Partition] = {}
         self._submissions: set[_Submission] = set()

@@ -19,13 +19,21 @@ from .cluster.metadata import ClusterParams, MetadataError, Ownership, ServerReg
 from .cluster.paths import ClusterPaths
 from .cluster.zk import close, connect
 from .tasks import spawn
+from .tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
 
 class ClusterView:
-    def __init__(self, connect_string: str, root: str, session_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        connect_string: str,
+        root: str,
+        session_timeout: float = 10.0,
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.connect_string = connect_string
+        self.tls = tls  # reach ZooKeeper's TLS port
         self.paths = ClusterPaths.of(root)
         self.session_timeout = session_timeout
         self.params: ClusterParams | None = None
@@ -46,7 +54,10 @@ class ClusterView:
         self._zk = await run(
             None,
             lambda: connect(
-                self.connect_string, timeout=10.0, session_timeout=self.session_timeout
+                self.connect_string,
+                timeout=10.0,
+                session_timeout=self.session_timeout,
+                tls=self.tls,
             ),
         )
         try:

@@ -27,6 +27,7 @@ class WaltzClientConfig:
     zk_session_timeout: float = 10.0
     feed: bool = True  # mount partitions and apply the feed (False: write and read only)
     tls: TlsFiles | None = None  # reach servers over TLS (a client certificate for mutual TLS)
+    zk_tls: TlsFiles | None = None  # reach ZooKeeper's TLS port
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -50,13 +51,16 @@ class WaltzClientConfig:
             if any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in given):
                 raise bad("partitions", f"partition IDs are integers >= 0, got {given!r}")
             object.__setattr__(self, "partitions", frozenset(given))
-        if self.tls is not None:
-            if not isinstance(self.tls, TlsFiles):
-                raise bad("tls", f"expected waltz_client.tls.TlsFiles, got {self.tls!r}")
+        for name in ("tls", "zk_tls"):
+            files = getattr(self, name)
+            if files is None:
+                continue
+            if not isinstance(files, TlsFiles):
+                raise bad(name, f"expected waltz_client.tls.TlsFiles, got {files!r}")
             try:
-                self.tls.check("tls", listening=False)
+                files.check(name, listening=False)
             except TlsError as e:
-                raise bad("tls", str(e)) from None
+                raise bad(name, str(e)) from None
         if not isinstance(self.feed, bool):
             raise bad("feed", f"expected True or False, got {self.feed!r}")
         for name, low in (("max_outstanding_appends", 1), ("max_retries", 1)):

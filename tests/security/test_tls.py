@@ -205,3 +205,27 @@ def test_daemons_refuse_tls_files_that_cannot_work(pki, tmp_path) -> None:
         )
     with pytest.raises(ConfigError, match="tls_allowed_peers"):
         storage_config([*base, "--tls-allowed-peers", " , "], {})
+
+
+def test_zookeeper_over_tls_needs_a_client_certificate(pki, tmp_path, zookeeper_available) -> None:
+    """The embedded ZooKeeper's TLS port (as a `--tls` local cluster runs it): a client with
+    a certificate of the CA gets in; one without, or on plain TCP, does not."""
+    from waltz_client.cluster.zk import ClusterError, close, connect
+    from waltz_client.local.zookeeper import EmbeddedZooKeeper
+
+    server_files = local_pki(str(tmp_path / "pki"), {"waltz-zookeeper": ["127.0.0.1"]})
+    zk = EmbeddedZooKeeper(str(tmp_path / "zk"), tls=server_files["waltz-zookeeper"])
+    client = local_pki(str(tmp_path / "pki"), {"waltz-client": ["127.0.0.1"]})["waltz-client"]
+    zk.start()
+    try:
+        c = connect(zk.secure_connect_string, tls=client, timeout=15)
+        try:
+            c.ensure_path("/over-tls")
+            assert c.exists("/over-tls") is not None
+        finally:
+            close(c)
+        for files in (None, TlsFiles(ca=client.ca)):
+            with pytest.raises(ClusterError, match="did not answer"):
+                close(connect(zk.secure_connect_string, tls=files, timeout=3))
+    finally:
+        zk.stop()

@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from waltz_client.partition_ranges import format_partition_ranges, parse_partition_ranges
 
+from ..tls import TlsFiles
 from . import admin
 from .acl import credential_from_setting
 from .metadata import ReplicaAssignment
@@ -47,6 +48,12 @@ def register(groups: argparse._SubParsersAction) -> None:
             help="file holding user:password of the cluster's ZooKeeper credential; create "
             "writes ACLs with it, other commands authenticate (env WALTZ_ZK_AUTH_FILE)",
         )
+        for part, what in (("cert", "certificate"), ("key", "private key"), ("ca", "CA bundle")):
+            p.add_argument(
+                f"--zk-tls-{part}",
+                default=os.environ.get(f"WALTZ_ZK_TLS_{part.upper()}", ""),
+                help=f"PEM {what} for ZooKeeper's TLS port (env WALTZ_ZK_TLS_{part.upper()})",
+            )
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=lambda args: _run(args, func))
         return p
@@ -107,8 +114,11 @@ def _run(args: argparse.Namespace, func: Callable[[KazooClient, argparse.Namespa
         if getattr(args, "root", None) is not None:
             args.root = ClusterPaths.of(args.root).root
         credential = credential_from_setting(args.zk_auth_file, "--zk-auth-file")
-        zk = connect(args.zookeeper, credential=credential)
-    except (ClusterError, ValueError) as e:
+        tls = TlsFiles(args.zk_tls_cert or None, args.zk_tls_key or None, args.zk_tls_ca or None)
+        if tls.enabled:
+            tls.check("zk_tls", listening=False)
+        zk = connect(args.zookeeper, credential=credential, tls=tls if tls.enabled else None)
+    except (ClusterError, ValueError) as e:  # TlsError is a ValueError
         print(f"waltz cluster: error: {e}", file=sys.stderr)
         return 2
     try:

@@ -9,6 +9,7 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 if TYPE_CHECKING:
+    from ..tls import TlsFiles
     from .acl import ZkCredential
 
 log = logging.getLogger(__name__)
@@ -24,10 +25,12 @@ def connect(
     read_only: bool = False,
     session_timeout: float = 10.0,
     credential: ZkCredential | None = None,
+    tls: TlsFiles | None = None,
 ) -> KazooClient:
     """A started KazooClient, or ClusterError naming the ensemble that did not answer.
     With ``credential``, it authenticates, and the nodes it creates get the cluster's ACL
-    (``acl.metadata_acl``)."""
+    (``acl.metadata_acl``). With ``tls``, it reaches ZooKeeper's secure client port over
+    TLS (a client certificate for ZooKeeper's ``ssl.clientAuth=need``)."""
     from .acl import metadata_acl
 
     if not connect_string.strip():
@@ -39,6 +42,7 @@ def connect(
             read_only=read_only,
             logger=logging.getLogger("kazoo.client"),
             auth_data=credential.auth_data if credential is not None else None,
+            **_tls_arguments(tls),
             default_acl=metadata_acl(credential) if credential is not None else None,
         )
     except ValueError as e:
@@ -54,6 +58,19 @@ def connect(
         zk.close()
         raise ClusterError(f"bad ZooKeeper connect string {connect_string!r}: {e}") from None
     return zk
+
+
+def _tls_arguments(tls: TlsFiles | None) -> dict:
+    if tls is None or not tls.enabled:
+        return {}
+    return {
+        "use_ssl": True,
+        "certfile": tls.cert,
+        "keyfile": tls.key,
+        "ca": tls.ca,
+        "verify_certs": tls.verify_peer,
+        "check_hostname": tls.verify_peer,
+    }
 
 
 def close(zk: KazooClient) -> None:

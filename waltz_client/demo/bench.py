@@ -83,6 +83,7 @@ async def _produce(args, cluster: LocalCluster) -> dict:
         max_outstanding_appends=max(1, args.concurrency),
         max_retries=1000,
         tls=cluster.client_tls,
+        zk_tls=cluster.client_zk_tls,
     )
     clients = [WaltzClient(config) for _ in range(args.clients)]
     for c in clients:
@@ -138,7 +139,10 @@ async def _produce(args, cluster: LocalCluster) -> dict:
 
 async def _consume(args, cluster: LocalCluster, total: int) -> dict:
     config = WaltzClientConfig(
-        cluster.zookeeper_connect, zk_root=cluster.layout.root, tls=cluster.client_tls
+        cluster.zookeeper_connect,
+        zk_root=cluster.layout.root,
+        tls=cluster.client_tls,
+        zk_tls=cluster.client_zk_tls,
     )
     counters = [_Counter() for _ in range(args.consumers)]
     started = time.perf_counter()

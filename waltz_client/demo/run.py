@@ -74,6 +74,7 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
         zk_root=cluster.layout.root,
         max_retries=1000,
         tls=cluster.client_tls,
+        zk_tls=cluster.client_zk_tls,
     )
     clients = [WaltzClient(config, bank.bank_callbacks(path)) for path in paths]
     for c in clients:

@@ -155,6 +155,7 @@ async def _load(args, cluster: LocalCluster, results: Results, consumers: list[C
         max_retries=50,
         request_timeout=20.0,
         tls=cluster.client_tls,
+        zk_tls=cluster.client_zk_tls,
     )
     clients = [WaltzClient(config, consumer) for consumer in consumers]
     for c in clients:
@@ -227,7 +228,11 @@ async def _load(args, cluster: LocalCluster, results: Results, consumers: list[C
 
 async def _read_everything(cluster: LocalCluster, partitions: int):
     config = WaltzClientConfig(
-        cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False, tls=cluster.client_tls
+        cluster.zookeeper_connect,
+        zk_root=cluster.layout.root,
+        feed=False,
+        tls=cluster.client_tls,
+        zk_tls=cluster.client_zk_tls,
     )
     digest = hashlib.sha256()
     records = {}

@@ -43,6 +43,7 @@ HOST = "127.0.0.1"
 STATE_FILE = "local.json"
 ADMIN_IDENTITY = "waltz-admin"  # admin tools' certificate, let into storage nodes
 CLIENT_IDENTITY = "waltz-client"  # clients' certificate (the demo, tests)
+ZOOKEEPER_IDENTITY = "waltz-zookeeper"  # the embedded ZooKeeper's TLS port
 
 
 class LocalClusterError(RuntimeError):
@@ -152,7 +153,7 @@ class LocalCluster:
         self.pki: dict[str, TlsFiles] | None = None
         if tls:
             hosts = [HOST, "localhost"]
-            identities = {ADMIN_IDENTITY: hosts, CLIENT_IDENTITY: hosts}
+            identities = {ADMIN_IDENTITY: hosts, CLIENT_IDENTITY: hosts, ZOOKEEPER_IDENTITY: hosts}
             identities.update({f"waltz-storage-{i}": hosts for i in range(storages)})
             identities.update({f"waltz-server-{i}": hosts for i in range(servers)})
             self.pki = local_pki(os.path.join(self.data_dir, "pki"), identities)
@@ -169,6 +170,7 @@ class LocalCluster:
                 os.path.join(self.data_dir, "zookeeper"),
                 port=self.layout.zookeeper_port,
                 host=HOST,
+                tls=self.pki[ZOOKEEPER_IDENTITY] if self.pki is not None else None,
             )
         self.storages = [self._storage_process(i) for i in range(len(self.layout.storage_ports))]
         self.servers = [self._server_process(i) for i in range(servers)]
@@ -272,6 +274,19 @@ class LocalCluster:
             str(files.ca),
         ]
 
+    def _zk_tls_args(self, identity: str) -> list[str]:
+        files = self.zk_tls(identity)
+        if files is None:
+            return []
+        return [
+            "--zk-tls-cert",
+            str(files.cert),
+            "--zk-tls-key",
+            str(files.key),
+            "--zk-tls-ca",
+            str(files.ca),
+        ]
+
     def _server_process(self, i: int) -> DaemonProcess:
         return self._daemon(
             f"server-{i}",
@@ -281,6 +296,7 @@ class LocalCluster:
                 "--server-id",
                 f"server-{i}",
                 *(["--zk-auth-file", self.zk_auth_file] if self.zk_auth_file else []),
+                *self._zk_tls_args(f"waltz-server-{i}"),
                 *self._tls_args(f"waltz-server-{i}", "tls"),
                 *self._tls_args(f"waltz-server-{i}", "storage-tls"),
                 *self.server_args,
@@ -298,6 +314,7 @@ class LocalCluster:
             [
                 "--directory",
                 os.path.join(self.data_dir, f"storage-{i}"),
+                *self._zk_tls_args(f"waltz-storage-{i}"),
                 *tls,
                 *self.storage_args,
             ],
@@ -324,7 +341,7 @@ class LocalCluster:
         """partition -> (owning server ID or None, generation), as ZooKeeper has it now."""
         from waltz_client.cluster.admin import read_cluster
 
-        zk = connect(self.zookeeper_connect)
+        zk = self.zk_connect()
         try:
             return read_cluster(zk, self.layout.root).ownership.partitions
         finally:
@@ -346,16 +363,34 @@ class LocalCluster:
 
     @property
     def zookeeper_connect(self) -> str:
+        """Where daemons and clients reach ZooKeeper: its TLS port when it has one."""
         if self.external_zookeeper is not None:
             return self.external_zookeeper
+        if self.zookeeper is not None and self.zookeeper.tls is not None:
+            return self.zookeeper.secure_connect_string
         return f"{HOST}:{self.layout.zookeeper_port}"
+
+    def zk_tls(self, identity: str = ADMIN_IDENTITY) -> TlsFiles | None:
+        """The files ``identity`` reaches this cluster's ZooKeeper with (None: plain)."""
+        if self.pki is None or self.zookeeper is None or self.zookeeper.tls is None:
+            return None
+        return self.pki[identity]
+
+    @property
+    def client_zk_tls(self) -> TlsFiles | None:
+        """What a client of this cluster passes as ``WaltzClientConfig.zk_tls``."""
+        return self.zk_tls(CLIENT_IDENTITY)
+
+    def zk_connect(self) -> Any:
+        """A kazoo client on this cluster's ZooKeeper, as admin tools reach it."""
+        return connect(self.zookeeper_connect, credential=self.zk_credential, tls=self.zk_tls())
 
     def start(self, progress=lambda message: None) -> None:
         try:
             if self.zookeeper is not None:
                 progress(f"starting ZooKeeper on {self.zookeeper_connect}")
                 self.zookeeper.start()
-            zk = connect(self.zookeeper_connect, credential=self.zk_credential)
+            zk = self.zk_connect()
             try:
                 self.created = create_cluster(
                     zk,

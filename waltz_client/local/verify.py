@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 
 from ..cluster.admin import read_cluster
-from ..cluster.zk import close, connect
+from ..cluster.zk import close
 from ..wire.storage_client import StorageClient, StorageFailure
 from .cluster import LocalCluster
 
@@ -15,7 +15,7 @@ async def replica_digests(cluster: LocalCluster, partition: int, high_water_mark
     """SHA-256 (16 hex digits) of each storage node's records ``0..high_water_mark`` of the
     partition, or ``"incomplete"`` for a node that lacks some. Reads with the partition's
     current store session, so it fences nothing; run it with the cluster quiet."""
-    zk = connect(cluster.zookeeper_connect)
+    zk = cluster.zk_connect()
     try:
         state = read_cluster(zk, cluster.layout.root)
     finally:

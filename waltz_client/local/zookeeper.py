@@ -34,6 +34,7 @@ from types import FrameType, TracebackType
 from typing import IO, Any
 
 from waltz_client.local.processes import wait_until_stopped
+from waltz_client.tls import TlsFiles
 
 __all__ = [
     "EmbeddedZooKeeper",
@@ -215,7 +216,10 @@ class EmbeddedZooKeeper:
         log_path: str | None = None,
         heap_mb: int = 256,
         log_level: str = "INFO",
+        tls: TlsFiles | None = None,
     ) -> None:
+        """``tls``: also serve a secure client port (TLS, client certificates required)
+        with this certificate; the plain port stays, on ``host``, for local probes."""
         self.data_dir = os.path.abspath(data_dir)
         self.host = host
         self.heap_mb = heap_mb
@@ -229,6 +233,8 @@ class EmbeddedZooKeeper:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._log_offset = 0
+        self.tls = tls
+        self._secure_port = 0
 
     # -- facts ---------------------------------------------------------------
 
@@ -244,6 +250,16 @@ class EmbeddedZooKeeper:
         """``host:port``, for ``KazooClient(hosts=...)``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
+
+    @property
+    def secure_connect_string(self) -> str:
+        """``host:port`` of the TLS client port (``tls`` given)."""
+        if self.tls is None:
+            raise ZooKeeperUnavailable("this ZooKeeper serves no TLS port (no tls given)")
+        if self._secure_port == 0:
+            self._secure_port = _free_port(self.host)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self._secure_port}"
 
     @property
     def pid(self) -> int | None:
@@ -479,6 +495,8 @@ class EmbeddedZooKeeper:
             "autopurge.snapRetainCount": "3",
             "autopurge.purgeInterval": "1",
         }
+        if self.tls is not None:
+            config.update(self._tls_config())
         text = "# Written by waltz_client.local.zookeeper on each start.\n" + "".join(
             f"{key}={value}\n" for key, value in config.items()
         )
@@ -487,6 +505,29 @@ class EmbeddedZooKeeper:
             os.path.join(self.data_dir, "log4j2.properties"),
             _LOG4J2_PROPERTIES.format(level=self.log_level),
         )
+
+    def _tls_config(self) -> dict[str, str]:
+        """A secure client port on Netty, with PEM files: the key and certificate in one
+        key store file, the CA as the trust store; clients must present a certificate."""
+        assert self.tls is not None and self.tls.cert and self.tls.key and self.tls.ca
+        keystore = os.path.join(self.data_dir, "tls-keystore.pem")
+        with open(self.tls.key, "rb") as k, open(self.tls.cert) as c:
+            pem = _pkcs8(k.read()) + c.read()
+        fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(pem)
+        return {
+            "serverCnxnFactory": "org.apache.zookeeper.server.NettyServerCnxnFactory",
+            "secureClientPort": self.secure_connect_string.rsplit(":", 1)[1],
+            "secureClientPortAddress": self.host,
+            "ssl.keyStore.location": keystore,
+            "ssl.keyStore.type": "PEM",
+            "ssl.trustStore.location": self.tls.ca,
+            "ssl.trustStore.type": "PEM",
+            "ssl.clientAuth": "need",
+            # Clients are identified by certificate, not by the address they dial from.
+            "ssl.clientHostnameVerification": "false",
+        }
 
     def _signal(self, signum: int) -> None:
         assert self._proc is not None
@@ -551,6 +592,18 @@ def _signals_held() -> Iterator[None]:
             signal.signal(signum, handler)
         for signum in pending:
             held[signum](signum, None)  # may raise (KeyboardInterrupt): the caller cleans up
+
+
+def _pkcs8(key_pem: bytes) -> str:
+    """ZooKeeper's PEM key store reads PKCS#8 keys only ("BEGIN PRIVATE KEY")."""
+    from cryptography.hazmat.primitives import serialization  # with trustme: `local` extra
+
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
 
 
 def _write_file(path: str, text: str) -> None:

@@ -149,6 +149,9 @@ SETTINGS = (
         "file holding user:password, the ZooKeeper credential that may write the "
         "cluster's metadata (when CreateCluster set ACLs)",
     ),
+    Setting("zk_tls_cert", str, "", "PEM certificate presented to ZooKeeper's TLS port"),
+    Setting("zk_tls_key", str, "", "PEM private key of zk_tls_cert"),
+    Setting("zk_tls_ca", str, "", "PEM CA bundle of ZooKeeper's certificate: reach it over TLS"),
     Setting("tls_cert", str, "", "PEM certificate: serve clients over TLS"),
     Setting("tls_key", str, "", "PEM private key of tls_cert"),
     Setting("tls_ca", str, "", "PEM CA bundle that clients' certificates must chain to"),
@@ -217,6 +220,9 @@ class ServerConfig:
     max_reads_per_connection: int
     max_read_bytes_per_connection: int
     zk_auth_file: str
+    zk_tls_cert: str
+    zk_tls_key: str
+    zk_tls_ca: str
     tls_cert: str
     tls_key: str
     tls_ca: str
@@ -228,6 +234,11 @@ class ServerConfig:
     ready_file: str
     log_level: str
     zk_credential: ZkCredential | None = None  # read from zk_auth_file
+
+    @property
+    def zk_tls(self) -> TlsFiles | None:
+        files = TlsFiles(self.zk_tls_cert or None, self.zk_tls_key or None, self.zk_tls_ca or None)
+        return files if files.enabled else None
 
     @property
     def tls(self) -> TlsFiles:
@@ -282,4 +293,6 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerCon
         check_tls(config.tls, "tls", listening=True)
     if config.storage_tls.enabled:
         check_tls(config.storage_tls, "storage_tls", listening=False)
+    if config.zk_tls is not None:
+        check_tls(config.zk_tls, "zk_tls", listening=False)
     return config

@@ -33,6 +33,7 @@ from waltz_client.cluster.metadata import (
 )
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.tls import TlsFiles
 
 from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay
 from .recovery_manager import MetadataConflict
@@ -56,6 +57,7 @@ class ServerCoordinator:
         *,
         session_timeout: float = 10.0,
         credential: ZkCredential | None = None,
+        tls: TlsFiles | None = None,
         on_ownership: Callable[[dict[int, int]], None] = lambda owned: None,
         on_assignment: Callable[[ReplicaAssignment], None] = lambda a: None,
         on_session_lost: Callable[[], None] = lambda: None,
@@ -65,6 +67,7 @@ class ServerCoordinator:
         self.registration = registration
         self.session_timeout = session_timeout
         self.credential = credential  # writes the metadata under the cluster's ACL
+        self.tls = tls  # reach ZooKeeper's TLS port
         self._on_ownership = on_ownership
         self._on_assignment = on_assignment
         self._on_session_lost = on_session_lost
@@ -110,6 +113,7 @@ class ServerCoordinator:
                         timeout=10.0,
                         session_timeout=self.session_timeout,
                         credential=self.credential,
+                        tls=self.tls,
                     )
                 )
             except ClusterError as e:

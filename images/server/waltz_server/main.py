@@ -33,6 +33,7 @@ async def serve(config: ServerConfig) -> int:
         unregistered,
         session_timeout=config.zk_session_timeout,
         credential=config.zk_credential,
+        tls=config.zk_tls,
     )
     server = WaltzServer(config, coordinator)
     try:

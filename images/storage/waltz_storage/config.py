@@ -83,6 +83,9 @@ SETTINGS = [
         "request bytes one partition commits with one fsync",
     ),
     *peer_limit_settings(),
+    Setting("zk_tls_cert", str, "", "PEM certificate presented to ZooKeeper's TLS port"),
+    Setting("zk_tls_key", str, "", "PEM private key of zk_tls_cert"),
+    Setting("zk_tls_ca", str, "", "PEM CA bundle of ZooKeeper's certificate: reach it over TLS"),
     Setting("tls_cert", str, "", "PEM certificate: serve the protocol port over TLS"),
     Setting("tls_key", str, "", "PEM private key of tls_cert"),
     Setting("tls_ca", str, "", "PEM CA bundle that servers' certificates must chain to"),
@@ -121,6 +124,9 @@ class StorageConfig:
     queue_max_requests: int
     queue_max_bytes: int
     write_group_max_bytes: int
+    zk_tls_cert: str
+    zk_tls_key: str
+    zk_tls_ca: str
     max_connections: int
     handshake_timeout: float
     partial_frame_timeout: float
@@ -132,6 +138,11 @@ class StorageConfig:
     tls_allowed_peers: tuple[str, ...]
     ready_file: str
     log_level: str
+
+    @property
+    def zk_tls(self) -> TlsFiles | None:
+        files = TlsFiles(self.zk_tls_cert or None, self.zk_tls_key or None, self.zk_tls_ca or None)
+        return files if files.enabled else None
 
     @property
     def tls(self) -> TlsFiles:
@@ -183,4 +194,6 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> StorageCo
     config = StorageConfig(**values)
     if config.tls.enabled:
         check_tls(config.tls, "tls", listening=True)
+    if config.zk_tls is not None:
+        check_tls(config.zk_tls, "zk_tls", listening=False)
     return config

@@ -27,6 +27,7 @@ from waltz_client.cluster.metadata import (
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.replica_safety import still_needed
 from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ def default_advertised_address(host: str, port: int) -> str:
 
 
 class ClusterFollower:
-    def __init__(self, connect_string: str, root: str) -> None:
+    def __init__(self, connect_string: str, root: str, tls: TlsFiles | None = None) -> None:
         self.connect_string = connect_string
+        self.tls = tls  # reach ZooKeeper's TLS port
         self.paths = ClusterPaths.of(root)
         self._zk: KazooClient | None = None
         self._watched: set[int] = set()  # retiring partitions whose metadata is watched
@@ -68,7 +70,7 @@ class ClusterFollower:
         while True:
             try:
                 self._zk = await loop.run_in_executor(
-                    None, lambda: connect(self.connect_string, timeout=10.0)
+                    None, lambda: connect(self.connect_string, timeout=10.0, tls=self.tls)
                 )
                 return
             except ClusterError as e:

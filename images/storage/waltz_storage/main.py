@@ -54,7 +54,7 @@ async def serve(config: StorageConfig) -> int:
     follower: ClusterFollower | None = None
     key, num_partitions = config.cluster_key, config.num_partitions
     if config.zookeeper:
-        follower = ClusterFollower(config.zookeeper, config.zk_root)
+        follower = ClusterFollower(config.zookeeper, config.zk_root, tls=config.zk_tls)
         log.info("reading cluster %s from ZooKeeper %s", config.zk_root, config.zookeeper)
         await follower.connect()
         params = await follower.wait_for_cluster()
