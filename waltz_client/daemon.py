@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from .http_guard import GuardedSite, start_guarded_http
+from .tls import TlsContexts, TlsFiles
 
 
 def write_ready_file(path: str, info: dict) -> None:
@@ -24,10 +25,18 @@ def write_ready_file(path: str, info: dict) -> None:
     os.replace(tmp, path)
 
 
-async def start_http(app: web.Application, host: str, port: int) -> tuple[GuardedSite, int]:
+async def start_http(
+    app: web.Application, host: str, port: int, tls: TlsFiles | None = None
+) -> tuple[GuardedSite, int]:
     """Serve ``app`` behind the HTTP guard (connection cap, answer and keep-alive
-    deadlines); the site (``cleanup()`` it) and the bound port (``port`` 0: any)."""
-    site = await start_guarded_http(app, host, port)
+    deadlines); the site (``cleanup()`` it) and the bound port (``port`` 0: any).
+    With ``tls``: HTTPS with its certificate, asking no client certificate (probes and
+    scrapers seldom have one), reloaded when the files change."""
+    context = None
+    if tls is not None:
+        files = TlsFiles(tls.cert, tls.key, tls.ca, verify_peer=False)
+        context = TlsContexts(files, listening=True).listening_context()
+    site = await start_guarded_http(app, host, port, ssl_context=context)
     return site, site.port
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,9 +173,14 @@ class GuardedSite:
 
 
 async def start_guarded_http(
-    app: web.Application, host: str, port: int, limits: HttpLimits | None = None
+    app: web.Application,
+    host: str,
+    port: int,
+    limits: HttpLimits | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> GuardedSite:
-    """Serve ``app`` on ``host:port`` (0: any) behind the guard."""
+    """Serve ``app`` on ``host:port`` (0: any) behind the guard; HTTPS with
+    ``ssl_context``."""
     limits = limits or HttpLimits()
     logging.getLogger("aiohttp.server").addFilter(_malformed_filter)
     runner = web.AppRunner(
@@ -194,5 +200,6 @@ async def start_guarded_http(
         host,
         port,
         reuse_address=True,
+        ssl=ssl_context,
     )
     return GuardedSite(runner, server, guard)

@@ -70,6 +70,7 @@ DEFAULTS = {
     "tls_key": "",
     "tls_ca": "",
     "tls_verify_peer": True,
+    "http_tls": False,
     "storage_tls_cert": "",
     "storage_tls_key": "",
     "storage_tls_ca": "",

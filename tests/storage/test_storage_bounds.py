@@ -236,3 +236,36 @@ def test_the_limits_are_settings_of_the_daemon(storage_factory):
             await check_serves(node, first)
 
     run(go(), timeout=60)
+
+
+def test_the_http_port_can_serve_https(storage_factory, tmp_path):
+    """http_tls: metrics and probes over HTTPS with the node's certificate (no client
+    certificate asked, as kubelet probes and most scrapers have none)."""
+    import ssl
+    import urllib.request
+
+    from waltz_client.local.certs import local_pki
+
+    files = local_pki(str(tmp_path / "pki"), {"waltz-storage-0": ["127.0.0.1"]})["waltz-storage-0"]
+    node = storage_factory(
+        extra=[
+            "--tls-cert",
+            str(files.cert),
+            "--tls-key",
+            str(files.key),
+            "--tls-ca",
+            str(files.ca),
+            "--http-tls",
+            "true",
+        ]
+    )
+    context = ssl.create_default_context(cafile=files.ca)
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
+    with opener.open(f"https://127.0.0.1:{node.http_port}/healthz", timeout=10) as r:
+        assert r.status == 200
+    with pytest.raises(OSError):  # plain HTTP on an HTTPS port gets no answer it can read
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{node.http_port}/healthz", timeout=10
+        ).read()

@@ -154,6 +154,12 @@ SETTINGS = (
     Setting("zk_tls_ca", str, "", "PEM CA bundle of ZooKeeper's certificate: reach it over TLS"),
     Setting("tls_cert", str, "", "PEM certificate: serve clients over TLS"),
     Setting("tls_key", str, "", "PEM private key of tls_cert"),
+    Setting(
+        "http_tls",
+        boolean,
+        False,
+        "serve the HTTP port (metrics, probes) over HTTPS with tls_cert (no client cert asked)",
+    ),
     Setting("tls_ca", str, "", "PEM CA bundle that clients' certificates must chain to"),
     Setting(
         "tls_verify_peer",
@@ -225,6 +231,7 @@ class ServerConfig:
     zk_tls_ca: str
     tls_cert: str
     tls_key: str
+    http_tls: bool
     tls_ca: str
     tls_verify_peer: bool
     storage_tls_cert: str
@@ -291,6 +298,8 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerCon
     config = ServerConfig(**values)
     if config.tls.enabled:
         check_tls(config.tls, "tls", listening=True)
+    elif config.http_tls:
+        raise ConfigError("setting http_tls: needs tls_cert and tls_key")
     if config.storage_tls.enabled:
         check_tls(config.storage_tls, "storage_tls", listening=False)
     if config.zk_tls is not None:

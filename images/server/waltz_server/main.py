@@ -38,7 +38,12 @@ async def serve(config: ServerConfig) -> int:
     server = WaltzServer(config, coordinator)
     try:
         port = await server.listen(config.host, config.port)
-        runner, http_port = await start_http(build_app(server), config.host, config.http_port)
+        runner, http_port = await start_http(
+            build_app(server),
+            config.host,
+            config.http_port,
+            config.tls if config.http_tls else None,
+        )
     except OSError as e:
         await server.close()
         print(f"waltz-server: error: cannot listen on {config.host}: {e.strerror}", file=sys.stderr)

@@ -88,6 +88,12 @@ SETTINGS = [
     Setting("zk_tls_ca", str, "", "PEM CA bundle of ZooKeeper's certificate: reach it over TLS"),
     Setting("tls_cert", str, "", "PEM certificate: serve the protocol port over TLS"),
     Setting("tls_key", str, "", "PEM private key of tls_cert"),
+    Setting(
+        "http_tls",
+        boolean,
+        False,
+        "serve the HTTP port (metrics, probes) over HTTPS with tls_cert (no client cert asked)",
+    ),
     Setting("tls_ca", str, "", "PEM CA bundle that servers' certificates must chain to"),
     Setting(
         "tls_verify_peer",
@@ -134,6 +140,7 @@ class StorageConfig:
     tls_cert: str
     tls_key: str
     tls_ca: str
+    http_tls: bool
     tls_verify_peer: bool
     tls_allowed_peers: tuple[str, ...]
     ready_file: str
@@ -194,6 +201,8 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> StorageCo
     config = StorageConfig(**values)
     if config.tls.enabled:
         check_tls(config.tls, "tls", listening=True)
+    elif config.http_tls:
+        raise ConfigError("setting http_tls: needs tls_cert and tls_key")
     if config.zk_tls is not None:
         check_tls(config.zk_tls, "zk_tls", listening=False)
     return config

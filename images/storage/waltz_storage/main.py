@@ -89,7 +89,12 @@ async def serve(config: StorageConfig) -> int:
     server = StorageServer(node, server_settings)
     try:
         port = await server.start(config.host, config.port)
-        runner, http_port = await start_http(build_app(server), config.host, config.http_port)
+        runner, http_port = await start_http(
+            build_app(server),
+            config.host,
+            config.http_port,
+            config.tls if config.http_tls else None,
+        )
     except OSError as e:
         await server.close()
         node.close()
