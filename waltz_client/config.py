@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .cluster.paths import normalise_root
+from .settings import zookeeper_address
 from .tls import TlsError, TlsFiles
 
 
@@ -36,6 +37,10 @@ class WaltzClientConfig:
 
         if not isinstance(self.zookeeper, str) or not self.zookeeper.strip():
             raise bad("zookeeper", "a ZooKeeper connect string (host:port[,...]) is required")
+        try:
+            zookeeper_address(self.zookeeper)
+        except ValueError as e:
+            raise bad("zookeeper", str(e)) from None
         if not isinstance(self.zk_root, str):
             raise bad("zk_root", f"expected a znode path such as /waltz, got {self.zk_root!r}")
         try:

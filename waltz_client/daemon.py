@@ -18,11 +18,20 @@ from .tls import TlsContexts, TlsFiles
 
 
 def write_ready_file(path: str, info: dict) -> None:
-    """Atomically, so a watcher never reads half a file."""
+    """Atomically, so a watcher never reads half a file. A failure (the directory went
+    away since the settings were checked) is one line and exit status 2."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(info, f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        print(
+            f"{os.path.basename(sys.argv[0])}: error: setting ready_file: cannot write "
+            f"{path}: {e.strerror or e}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
 
 async def start_http(

@@ -9,6 +9,7 @@ Shared by the storage and server daemons.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import tomllib
 import uuid
@@ -77,14 +78,92 @@ def float_in(low: float, high: float) -> Callable[[Any], float]:
     return parse
 
 
-def size_at_least(low: int) -> Callable[[Any], int]:
+# No size setting needs more: a larger value is a typo (1e23) or a unit mix-up.
+MAX_SIZE = 1024**4  # 1 TiB
+
+
+def size_at_least(low: int, high: int = MAX_SIZE) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
         n = parse_size(value)
         if n < low:
             raise ValueError(f"must be at least {low} bytes, got {n}")
+        if n > high:
+            raise ValueError(f"must be at most {_size_text(high)}, got {n} bytes")
         return n
 
     return parse
+
+
+def _size_text(n: int) -> str:
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n % factor == 0:
+            return f"{n // factor}{unit}"
+    return f"{n} bytes"
+
+
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_]([A-Za-z0-9_.:-]*[A-Za-z0-9_])?)$")
+
+
+def host_name(value: Any) -> str:
+    """A host name, IPv4 address or IPv6 address (bare or in brackets): no spaces."""
+    import ipaddress
+
+    name = text(value).strip()
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+        return name
+    if not _HOST.match(name) or ".." in name:
+        raise ValueError(f"expected a host name or IP address, got {value!r}")
+    return name
+
+
+def optional_host_name(value: Any) -> str:
+    return "" if value in ("", None) else host_name(value)
+
+
+def zookeeper_address(value: Any) -> str:
+    """A ZooKeeper connect string ``host:port[,host:port...][/chroot]``, checked for
+    syntax only (an unreachable but well-formed address is for the caller to retry)."""
+    from kazoo.hosts import collect_hosts
+
+    text_ = text(value).strip()
+    if any(c.isspace() for c in text_):
+        raise ValueError(f"expected host:port[,host:port...][/chroot], got {value!r}")
+    expected = f"expected host:port[,host:port...][/chroot], got {value!r}"
+    try:
+        hosts, _chroot = collect_hosts(text_)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{expected} ({e})") from None
+    if not hosts:
+        raise ValueError(expected)
+    for host, port in hosts:
+        if ":" not in host:  # kazoo hands IPv6 hosts back without their brackets
+            host_name(host)
+        if not 0 < port <= 65535:
+            raise ValueError(f"{expected} (port {port} of {host})")
+    return text_
+
+
+def optional_zookeeper_address(value: Any) -> str:
+    return "" if value in ("", None) else zookeeper_address(value)
+
+
+def writable_file_path(value: Any) -> str:
+    """A file this process may create or replace: its directory exists and is writable,
+    and it is not itself a directory."""
+    import os
+
+    path = str(value)
+    if not path:
+        return ""
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"the directory {parent} is not writable")
+    return path
 
 
 def parse_uuid(value: Any) -> uuid.UUID:

@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from waltz_client.partition_ranges import format_partition_ranges, parse_partition_ranges
 
+from ..settings import zookeeper_address
 from ..tls import TlsFiles
 from . import admin
 from .acl import credential_from_setting
@@ -113,6 +114,10 @@ def _run(args: argparse.Namespace, func: Callable[[KazooClient, argparse.Namespa
     try:
         if getattr(args, "root", None) is not None:
             args.root = ClusterPaths.of(args.root).root
+        try:  # a typo exits 2 instead of retrying for ever
+            zookeeper_address(args.zookeeper)
+        except ValueError as e:
+            raise ValueError(f"--zookeeper: {e}") from None
         credential = credential_from_setting(args.zk_auth_file, "--zk-auth-file")
         tls = TlsFiles(args.zk_tls_cert or None, args.zk_tls_key or None, args.zk_tls_ca or None)
         if tls.enabled:

@@ -19,11 +19,14 @@ from waltz_client.settings import (
     SettingsSchema,
     boolean,
     float_in,
+    host_name,
     int_in,
     log_level,
+    optional_host_name,
     size_at_least,
-    text,
+    writable_file_path,
     znode_root,
+    zookeeper_address,
 )
 from waltz_client.tls import TlsFiles, check_tls
 from waltz_client.wire.client_messages import MAX_LOCKS
@@ -48,7 +51,12 @@ def _server_id(value: object) -> str:
 
 
 SETTINGS = (
-    Setting("zookeeper", text, REQUIRED, "ZooKeeper connect string (host:port[,...][/chroot])"),
+    Setting(
+        "zookeeper",
+        zookeeper_address,
+        REQUIRED,
+        "ZooKeeper connect string (host:port[,...][/chroot])",
+    ),
     Setting("zk_root", znode_root, "/waltz", "the cluster's root znode"),
     Setting(
         "zk_session_timeout",
@@ -57,12 +65,12 @@ SETTINGS = (
         "ZooKeeper session timeout in seconds: how soon a dead server's partitions move",
     ),
     Setting("server_id", _server_id, "", "this server's ID (default <advertised host>-<port>)"),
-    Setting("host", text, "0.0.0.0", "address to listen on"),
+    Setting("host", host_name, "0.0.0.0", "address to listen on"),
     Setting("port", int_in(0, 65535), 55180, "client port (0: any free port)"),
     Setting("http_port", int_in(0, 65535), 55181, "health and metrics port (0: any free port)"),
     Setting(
         "advertised_host",
-        str,
+        optional_host_name,
         "",
         "host clients reach this server at (default: the listen host, or the host name)",
     ),
@@ -181,7 +189,7 @@ SETTINGS = (
         True,
         "verify storage nodes' certificates and host names",
     ),
-    Setting("ready_file", str, "", "write the bound ports here (JSON) once serving"),
+    Setting("ready_file", writable_file_path, "", "write the bound ports here (JSON) once serving"),
     Setting("log_level", log_level, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 )
 

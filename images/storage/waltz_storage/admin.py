@@ -159,17 +159,21 @@ def cmd_control(args: argparse.Namespace) -> int:
                     "cluster_key": str(report.cluster_key),
                     "num_partitions": report.num_partitions,
                     "header_ok": report.header_ok,
+                    "problems": report.problems,
                     "partitions": report.partitions,
                 },
                 indent=2,
             )
         )
     else:
+        if report.cluster_key is None:
+            print(f"{report.path}: DAMAGED: {'; '.join(report.problems)}")
+            return 1
         created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report.created_ms / 1000))
+        state = "ok" if not report.problems else "DAMAGED: " + "; ".join(report.problems)
         print(
             f"{report.path}: format {report.version}, created {created}, "
-            f"cluster key {report.cluster_key}, {report.num_partitions} partitions, "
-            f"header {'ok' if report.header_ok else 'CHECKSUM MISMATCH'}"
+            f"cluster key {report.cluster_key}, {report.num_partitions} partitions, {state}"
         )
         for part in report.partitions:
             for k, slot in enumerate(part["slots"]):
@@ -182,7 +186,9 @@ def cmd_control(args: argparse.Namespace) -> int:
                         f"{slot['session_id']} low-water mark {slot['low_water_mark']} "
                         f"local {slot['local_low_water_mark']}"
                     )
-    bad = not report.header_ok or any(all(s is None for s in p["slots"]) for p in report.partitions)
+    bad = bool(report.problems) or any(
+        all(s is None for s in p["slots"]) for p in report.partitions
+    )
     return 1 if bad else 0
 
 

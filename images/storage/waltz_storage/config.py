@@ -17,11 +17,14 @@ from waltz_client.settings import (
     Setting,
     SettingsSchema,
     boolean,
+    host_name,
     int_in,
     log_level,
+    optional_zookeeper_address,
     parse_uuid,
     size_at_least,
     text,
+    writable_file_path,
     znode_root,
 )
 from waltz_client.tls import TlsFiles, check_tls, parse_patterns
@@ -33,7 +36,7 @@ SETTINGS = [
     Setting("directory", text, REQUIRED, "storage directory (control file, partition dirs)"),
     Setting(
         "zookeeper",
-        str,
+        optional_zookeeper_address,
         "",
         "ZooKeeper connect string: read key, partition count and "
         "this node's partitions from the cluster's metadata, and follow its changes",
@@ -59,10 +62,15 @@ SETTINGS = [
         "all",
         "partitions this node holds, e.g. 0-6,9 or all (without zookeeper)",
     ),
-    Setting("host", text, "0.0.0.0", "address to listen on"),
+    Setting("host", host_name, "0.0.0.0", "address to listen on"),
     Setting("port", int_in(0, 65535), 55280, "protocol port (0: any free port)"),
     Setting("http_port", int_in(0, 65535), 55281, "health and metrics port (0: any free port)"),
-    Setting("segment_bytes", size_at_least(4096), "1GiB", "start a new segment past this size"),
+    Setting(
+        "segment_bytes",
+        size_at_least(4096, 64 * 1024**3),
+        "1GiB",
+        "start a new segment past this size (at most 64GiB)",
+    ),
     Setting("max_frame_bytes", size_at_least(64 * 1024), "64MiB", "largest frame accepted"),
     Setting(
         "queue_max_requests",
@@ -108,7 +116,7 @@ SETTINGS = [
         "identities (certificate common names, shell patterns, comma-separated) a peer "
         "must have: the cluster's servers",
     ),
-    Setting("ready_file", str, "", "write the bound ports here (JSON) once serving"),
+    Setting("ready_file", writable_file_path, "", "write the bound ports here (JSON) once serving"),
     Setting("log_level", log_level, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 ]
 

@@ -14,6 +14,7 @@ from waltz_client.wire.records import Record, ReqId
 from .control_file import (
     CONTROL_FILE_NAME,
     ENTRY_BYTES,
+    FORMAT_VERSION,
     HEADER_BYTES,
     INFO_BYTES,
     NO_TRANSACTION,
@@ -253,6 +254,7 @@ class ControlReport:
     num_partitions: int
     header_ok: bool
     partitions: list[dict]
+    problems: list[str] = field(default_factory=list)  # what makes the file unusable
 
 
 def read_control_file(directory: str) -> ControlReport:
@@ -264,10 +266,22 @@ def read_control_file(directory: str) -> ControlReport:
         data = f.read()
     head = struct.Struct(">iq16si")
     if len(data) < HEADER_BYTES:
-        return ControlReport(path, -1, -1, None, 0, False, [])
+        return ControlReport(
+            path, -1, -1, None, 0, False, [], [f"{len(data)} bytes: shorter than the header"]
+        )
     version, created, key, n = head.unpack_from(data)
     (crc,) = struct.unpack_from(">I", data, head.size)
     header_ok = zlib.crc32(data[: head.size]) == crc
+    # The daemon's open refuses the same things (ControlFile.open).
+    problems = [] if header_ok else ["header checksum mismatch"]
+    if header_ok and version != FORMAT_VERSION:
+        problems.append(f"format version {version}, this build reads {FORMAT_VERSION}")
+    if header_ok and n < 1:
+        problems.append(f"invalid number of partitions {n}")
+    if header_ok and n >= 1 and len(data) < entry_offset(n):
+        problems.append(
+            f"{len(data)} bytes, expected {entry_offset(n)} for {n} partitions (truncated)"
+        )
     parts = []
     for p in range(max(0, min(n, (len(data) - HEADER_BYTES) // ENTRY_BYTES))):
         base = entry_offset(p)
@@ -289,4 +303,6 @@ def read_control_file(directory: str) -> ControlReport:
                 }
             )
         parts.append({"partition": p, "stored_id": stored_id, "slots": slots})
-    return ControlReport(path, version, created, uuid.UUID(bytes=key), n, header_ok, parts)
+    return ControlReport(
+        path, version, created, uuid.UUID(bytes=key), n, header_ok, parts, problems
+    )
