@@ -10,6 +10,7 @@ a specific error, and the owner goes on committing with nothing lost.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -19,6 +20,7 @@ from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_client.transaction import TransactionBuilder, TransactionContext
+from waltz_client.wire.records import Record, ReqId
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import StorageError
 
@@ -114,3 +116,31 @@ def test_a_stranger_can_neither_fence_the_owner_nor_cut_committed_transactions(m
     asyncio.run(write(cluster, 40, 10))
     assert public_metadata(cluster)[1] == session
     assert asyncio.run(read_all(cluster)) == [b"tx-%d" % i for i in range(50)]
+
+
+def test_a_replica_poisoned_under_the_current_session_is_left_out_not_waited_for(make_cluster):
+    """Found by `waltz fuzz`: a peer replaying the current session (possible without
+    mutual TLS) appends junk to one replica and raises its low-water mark over it. That
+    replica then refuses every truncation; recovery must leave it out and go on with the
+    other two, instead of failing every attempt and stalling the partition."""
+    cluster = make_cluster(partitions=1)
+    asyncio.run(write(cluster, 0, 1))
+    params, session = public_metadata(cluster)
+    address = cluster.layout.storage_addresses[0]
+
+    async def poison() -> None:
+        host, port = address.rsplit(":", 1)
+        async with await StorageClient.connect(host, int(port)) as c:
+            await c.open(params.key, params.num_partitions)
+            junk = [Record(1 + i, ReqId(1, 1, PARTITION, 1 + i), 0, b"junk") for i in range(3)]
+            await c.append(session, PARTITION, junk)
+            await c.set_low_water_mark(session, PARTITION, 3)
+
+    asyncio.run(poison())
+    # The partition goes on committing on the two clean replicas, also after the
+    # poisoned one is back in reach and the partition tries to take it in again.
+    asyncio.run(asyncio.wait_for(write(cluster, 1, 10), 60))
+    time.sleep(6)
+    asyncio.run(asyncio.wait_for(write(cluster, 11, 10), 60))
+    assert asyncio.run(read_all(cluster)) == [b"tx-%d" % i for i in range(21)]
+    assert "truncating it to the decided high-water mark" in cluster.servers[0].log_tail(400)

@@ -187,18 +187,36 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             await asyncio.sleep(ctx.retry_delay)
         decided = decision.high_water_mark
         positions: dict[str, int] = {}
+        refused: set[str] = set()
         for address, a in assessments.items():
             if a.truncate_to is not None and address in ctx.replicas:
-                await _timed(ctx, clients[address].truncate(session_id, p, a.truncate_to))
+                try:
+                    await _timed(ctx, clients[address].truncate(session_id, p, a.truncate_to))
+                except _RETRYABLE as e:
+                    # One replica that cannot be cut back (down now, or claiming more is
+                    # committed than the quorum decided) must not stall the others: it
+                    # is left out of this session, like one that fails its cleaning.
+                    log.error(
+                        "partition %d: replica %s left out of session %d: truncating it to "
+                        "the decided high-water mark %d failed: %s",
+                        p,
+                        address,
+                        session_id,
+                        decided,
+                        describe(e),
+                    )
+                    refused.add(address)
+                    continue
             positions[address] = a.vote  # clean up to here (a removed voter is only read)
-        votes = {a: x.vote for a, x in assessments.items()}
+        votes = {a: x.vote for a, x in assessments.items() if a not in refused}
         members: dict[str, Member] = {}
         lagging: dict[str, int] = {}
         quorum = majority(len(ctx.replicas))
         # The nearest first: a replica far behind is copied here only if the session
         # needs it for its quorum; otherwise it is copied in the background (catch_up).
         reachable = sorted(
-            (a for a in clients if a in ctx.replicas), key=lambda a: (decided - positions[a], a)
+            (a for a in clients if a in ctx.replicas and a not in refused),
+            key=lambda a: (decided - positions[a], a),
         )
         for address in reachable:
             client = clients[address]
