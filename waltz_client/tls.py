@@ -198,3 +198,22 @@ def tls_open_connection(contexts: TlsContexts) -> Callable[..., Any]:
         )
 
     return open_connection
+
+
+def zk_tls_settings() -> list:
+    """The daemon settings (both daemons) for reaching ZooKeeper's TLS port."""
+    from .settings import Setting
+
+    return [
+        Setting("zk_tls_cert", str, "", "PEM certificate presented to ZooKeeper's TLS port"),
+        Setting("zk_tls_key", str, "", "PEM private key of zk_tls_cert"),
+        Setting(
+            "zk_tls_ca", str, "", "PEM CA bundle of ZooKeeper's certificate: reach it over TLS"
+        ),
+    ]
+
+
+def zk_tls_of(cert: str, key: str, ca: str) -> TlsFiles | None:
+    """TlsFiles from the zk_tls_* settings, or None when they are all empty."""
+    files = TlsFiles(cert or None, key or None, ca or None)
+    return files if files.enabled else None

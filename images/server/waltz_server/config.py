@@ -28,7 +28,7 @@ from waltz_client.settings import (
     znode_root,
     zookeeper_address,
 )
-from waltz_client.tls import TlsFiles, check_tls
+from waltz_client.tls import TlsFiles, check_tls, zk_tls_of, zk_tls_settings
 from waltz_client.wire.client_messages import MAX_LOCKS
 from waltz_client.wire.records import DEFAULT_MAX_DATA_BYTES
 
@@ -157,9 +157,7 @@ SETTINGS = (
         "file holding user:password, the ZooKeeper credential that may write the "
         "cluster's metadata (when CreateCluster set ACLs)",
     ),
-    Setting("zk_tls_cert", str, "", "PEM certificate presented to ZooKeeper's TLS port"),
-    Setting("zk_tls_key", str, "", "PEM private key of zk_tls_cert"),
-    Setting("zk_tls_ca", str, "", "PEM CA bundle of ZooKeeper's certificate: reach it over TLS"),
+    *zk_tls_settings(),
     Setting("tls_cert", str, "", "PEM certificate: serve clients over TLS"),
     Setting("tls_key", str, "", "PEM private key of tls_cert"),
     Setting(
@@ -252,8 +250,7 @@ class ServerConfig:
 
     @property
     def zk_tls(self) -> TlsFiles | None:
-        files = TlsFiles(self.zk_tls_cert or None, self.zk_tls_key or None, self.zk_tls_ca or None)
-        return files if files.enabled else None
+        return zk_tls_of(self.zk_tls_cert, self.zk_tls_key, self.zk_tls_ca)
 
     @property
     def tls(self) -> TlsFiles:

@@ -27,7 +27,7 @@ from waltz_client.settings import (
     writable_file_path,
     znode_root,
 )
-from waltz_client.tls import TlsFiles, check_tls, parse_patterns
+from waltz_client.tls import TlsFiles, check_tls, parse_patterns, zk_tls_of, zk_tls_settings
 
 ENV_PREFIX = "WALTZ_STORAGE_"
 __all__ = ["ConfigError", "StorageConfig", "build_parser", "load_config"]
@@ -91,9 +91,7 @@ SETTINGS = [
         "request bytes one partition commits with one fsync",
     ),
     *peer_limit_settings(),
-    Setting("zk_tls_cert", str, "", "PEM certificate presented to ZooKeeper's TLS port"),
-    Setting("zk_tls_key", str, "", "PEM private key of zk_tls_cert"),
-    Setting("zk_tls_ca", str, "", "PEM CA bundle of ZooKeeper's certificate: reach it over TLS"),
+    *zk_tls_settings(),
     Setting("tls_cert", str, "", "PEM certificate: serve the protocol port over TLS"),
     Setting("tls_key", str, "", "PEM private key of tls_cert"),
     Setting(
@@ -156,8 +154,7 @@ class StorageConfig:
 
     @property
     def zk_tls(self) -> TlsFiles | None:
-        files = TlsFiles(self.zk_tls_cert or None, self.zk_tls_key or None, self.zk_tls_ca or None)
-        return files if files.enabled else None
+        return zk_tls_of(self.zk_tls_cert, self.zk_tls_key, self.zk_tls_ca)
 
     @property
     def tls(self) -> TlsFiles:
