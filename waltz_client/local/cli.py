@@ -56,7 +56,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     say(f"ready. ZooKeeper: {cluster.zookeeper_connect}, cluster root {cluster.layout.root}")
-    say(f"  waltz cluster show -z {cluster.zookeeper_connect} --root {cluster.layout.root}")
+    show = f"waltz cluster show -z {cluster.zookeeper_connect} --root {cluster.layout.root}"
+    admin = cluster.zk_tls()
+    if admin is not None:
+        show += f" --zk-tls-cert {admin.cert} --zk-tls-key {admin.key} --zk-tls-ca {admin.ca}"
+    say(f"  {show}")
     if cluster.client_tls is not None:
         tls = cluster.client_tls
         say(f"  TLS: clients use cert {tls.cert}, key {tls.key}, CA {tls.ca}")
