@@ -52,6 +52,30 @@ def test_an_append_on_a_connection_older_than_the_clients_newest_mount_is_ignore
     assert append(core, q(client=2), mounted=4) == Assigned(12)  # another client
 
 
+def test_a_clients_newest_mount_is_kept_while_any_connection_that_mounted_is_open():
+    core = opened()
+    core.mount(q(), 5, "conn-5", "feed-5", "ready")
+    core.mount(q(), 6, "conn-6", "feed-6", "ready")
+    core.connection_closed("conn-6")
+    # The older connection is still open: its appends stay fenced.
+    assert isinstance(append(core, mounted=5), Ignored)
+    assert core.mount(q(), 5, "conn-5", "feed-5b", "ready")[0] == MountStatus.STALE_CONNECTION
+    core.connection_closed("conn-5")
+    assert core.clients_tracked == 0  # nothing left that an older mount could use
+    assert core.mount(q(), 7, "conn-7", "feed-7", "ready")[0] == MountStatus.READY
+    core.connection_closed("conn-never-mounted")  # harmless
+
+
+def test_clients_that_come_and_go_leave_nothing_behind():
+    core = opened()
+    for client in range(10_000):
+        core.mount(q(client=client), 1, f"conn-{client}", f"feed-{client}", "ready")
+        core.feed_ended(f"feed-{client}")
+        core.connection_closed(f"conn-{client}")
+    assert core.clients_tracked == 0
+    assert not core._mounted_on and not core._clients_on and not core._mount_feeds
+
+
 def test_locks_are_taken_at_assignment_so_a_second_append_on_the_same_state_conflicts():
     core = opened(9)
     assert append(core, write=(42,)) == Assigned(10)

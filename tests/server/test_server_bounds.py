@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import urllib.request
 
 import pytest
 
@@ -142,9 +143,23 @@ def test_a_flood_of_feeds_or_mounts_on_one_connection_is_capped(cluster):
         assert all(m.status == MountStatus.READY for m in mounted)
         assert (len(mounted), len(limited)) == (1024, 2 * floods - 1024)
         await still_served(cluster, 0)
+        assert mounted_clients(cluster) >= 1024
         writer.close()
+        # Once their connection is gone, the partition forgets those clients' mounts.
+        async with asyncio.timeout(30):
+            while mounted_clients(cluster) > 0:
+                await asyncio.sleep(0.1)
 
     asyncio.run(go())
+
+
+def mounted_clients(cluster) -> float:
+    url = f"http://127.0.0.1:{cluster.servers[0].ready['http_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('waltz_server_partition_mounted_clients{partition="0"} '):
+                return float(line.split()[-1])
+    raise AssertionError("no waltz_server_partition_mounted_clients")
 
 
 def test_a_connection_that_never_finishes_its_handshake_is_closed(cluster):

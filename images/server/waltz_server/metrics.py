@@ -23,7 +23,8 @@ class ServerMetrics:
         )
         self.client_errors = Counter(
             "waltz_server_client_errors",
-            "Client connections closed for a protocol error",
+            "Client requests refused or connections closed, by kind (malformed, limit, "
+            "timeout, unauthorized, forbidden, ...)",
             ["kind"],
             registry=self.registry,
         )
@@ -52,6 +53,8 @@ class _PartitionCollector(Collector):
             "active": "1 when the partition accepts appends, 0 while recovering",
             "queue_size": "Appends, mounts and flushes waiting for the append task",
             "feed_clients": "Feeds (mounts and feed requests) being served",
+            "mounted_clients": "Client IDs mounted on an open connection (their newest "
+            "mount is remembered)",
             "data_cache_bytes": "Bytes in the transaction data cache",
         }
         counters = {
@@ -86,6 +89,7 @@ class _PartitionCollector(Collector):
                 "active": 1 if part.healthy else 0,
                 "queue_size": part.queue_size,
                 "feed_clients": len(part.subscriptions),
+                "mounted_clients": part.core.clients_tracked,
                 "data_cache_bytes": part.data_cache.bytes,
             }
             for n, v in values.items():

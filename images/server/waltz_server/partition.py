@@ -500,6 +500,7 @@ class Partition:
         for sub in [s for s in self.subscriptions if s.connection is connection]:
             self._drop(sub)
         self._paused.pop(connection, None)
+        self.core.connection_closed(connection)
 
     async def read_headers(self, start: int, stop: int) -> list[bytes]:
         cached = self.feed_cache.get(start, stop)

@@ -69,6 +69,11 @@ class PartitionCore:
         self.epoch = 0  # bumped by every new store session
         self.locks = LockTable(lock_table_size, lock_hashes)
         self._newest_mount: dict[int, int] = {}  # client ID -> newest connection seq
+        # Open connections on which each client mounted here, and the reverse: a client's
+        # newest mount is forgotten once none is open (no append can then carry an older
+        # mount), so the table holds connected clients, not every client ever seen.
+        self._mounted_on: dict[int, set[Hashable]] = {}
+        self._clients_on: dict[Hashable, set[int]] = {}
         self._mount_feeds: dict[int, tuple[Hashable, Hashable]] = {}  # client -> (conn, feed)
         self._client_of_feed: dict[Hashable, int] = {}  # the same, feed -> client: O(1) ends
         self._barriers: list[_Barrier] = []
@@ -131,6 +136,8 @@ class PartitionCore:
         if connection_seq < self._newest_mount.get(req_id.client_id, -1):
             return MountStatus.STALE_CONNECTION, None
         self._newest_mount[req_id.client_id] = connection_seq
+        self._mounted_on.setdefault(req_id.client_id, set()).add(connection)
+        self._clients_on.setdefault(connection, set()).add(req_id.client_id)
         previous = self._mount_feeds.get(req_id.client_id)
         if previous is not None:
             self._client_of_feed.pop(previous[1], None)
@@ -158,6 +165,21 @@ class PartitionCore:
             current = self._mount_feeds.get(client_id)
             if current is not None and current[1] == feed:
                 del self._mount_feeds[client_id]
+
+    def connection_closed(self, connection: Hashable) -> None:
+        """Forget the newest mount of each client with no other open connection that
+        mounted here."""
+        for client_id in self._clients_on.pop(connection, ()):
+            connections = self._mounted_on[client_id]
+            connections.discard(connection)
+            if not connections:
+                del self._mounted_on[client_id]
+                del self._newest_mount[client_id]
+
+    @property
+    def clients_tracked(self) -> int:
+        """Clients whose newest mount is remembered (those with an open connection)."""
+        return len(self._newest_mount)
 
     # --- barriers -------------------------------------------------------------------
 
