@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 from .blocking import BlockingWaltzClient
 from .callbacks import WaltzClientCallbacks
-from .client import SubmitResult, SubmitStatus, WaltzClient, WaltzError
+from .client import Forbidden, SubmitResult, SubmitStatus, WaltzClient, WaltzError
 from .config import WaltzClientConfig, WaltzConfigError
 from .dbapi import DatabaseCallbacks
 from .transaction import Lock, Transaction, TransactionBuilder, TransactionContext
@@ -14,6 +14,7 @@ from .transaction import Lock, Transaction, TransactionBuilder, TransactionConte
 __all__ = [
     "BlockingWaltzClient",
     "DatabaseCallbacks",
+    "Forbidden",
     "Lock",
     "SubmitResult",
     "SubmitStatus",

@@ -97,6 +97,11 @@ class WaltzError(Exception):
     """A request the cluster could not answer in time, or a client that is closed."""
 
 
+class Forbidden(WaltzError):
+    """The cluster's access policy does not let this client's certificate identity do
+    that on the partition (the server's FORBIDDEN)."""
+
+
 class MissingTransactions(WaltzError):
     """A range read found its first transactions gone (below the partition's retention
     mark): ``first_available`` is where the log now starts."""
@@ -138,6 +143,9 @@ class _Partition:
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # stream messages, in order
     monitor: TransactionMonitor[_Submission] = field(default_factory=TransactionMonitor)
     mount_answer: asyncio.Future | None = None
+    # Why the partition's last mount was refused (FORBIDDEN); set until a mount succeeds.
+    refusal: str | None = None
+    refused: asyncio.Event = field(default_factory=asyncio.Event)
     # Flush ReqId -> (appends pending when it was sent, the mount it was sent under, answer)
     flushes: dict[ReqId, tuple[set[ReqId], ReqId | None, asyncio.Future]] = field(
         default_factory=dict
@@ -384,6 +392,14 @@ class WaltzClient:
                 state.remount.clear()
                 conn.send(MountRequest(q, hwm, link.stream_seq))
                 status = await asyncio.wait_for(state.mount_answer, self.config.mount_timeout)
+            except Forbidden as e:  # the policy may change: try again, a little later
+                if state.refusal != str(e):
+                    log.warning("partition %d: %s", p, e)
+                state.refusal = str(e)
+                state.refused.set()
+                await asyncio.sleep(max(backoff, 1.0))
+                backoff = min(2.0, backoff * 2)
+                continue
             except Exception as e:  # refused, timed out, a callback failing: retry it all
                 log.info("partition %d: mounting at %s failed: %s", p, owner[0], e)
                 await asyncio.sleep(backoff)
@@ -391,6 +407,8 @@ class WaltzClient:
                 continue
             if status == MountStatus.READY:
                 backoff = self.config.retry_backoff
+                state.refusal = None
+                state.refused.clear()
                 state.ready.set()
                 await state.remount.wait()
                 continue
@@ -462,6 +480,14 @@ class WaltzClient:
             case FeedSuspended(req_id=q) if q == state.mount_req:
                 log.info("partition %d: feed suspended: %s", state.partition_id, m.reason)
                 state.remount.set()
+            case ErrorResponse(req_id=q) if q == state.mount_req:
+                if state.mount_answer is not None and not state.mount_answer.done():
+                    error = Forbidden if m.code == ErrorCode.FORBIDDEN else WaltzError
+                    state.mount_answer.set_exception(error(f"mount: {m.code.name}: {m.message}"))
+            case ErrorResponse(req_id=q) if q in state.monitor:
+                refused = state.monitor.refused(q, f"{m.code.name}: {m.message}")
+                if refused is not None:
+                    self._resolve(state, [refused])
             case ErrorResponse(req_id=q) if q in state.flushes:
                 _, mount, future = state.flushes.pop(q)
                 if m.code == ErrorCode.NOT_MOUNTED and mount == state.mount_req:
@@ -570,6 +596,11 @@ class WaltzClient:
             await state.window.acquire()
             try:
                 outcome = await self._attempt(sub, state)
+            except Forbidden as e:
+                self._finish(
+                    sub, SubmitResult(SubmitStatus.FAILED, attempts=sub.attempts, reason=str(e))
+                )
+                return
             except Exception as e:  # execute() raised
                 _hook(sub.context, "on_exception", e)
                 self._finish(
@@ -587,6 +618,16 @@ class WaltzClient:
             if outcome.outcome == Outcome.COMMITTED:
                 self._finish(
                     sub, SubmitResult(SubmitStatus.COMMITTED, outcome.transaction_id, sub.attempts)
+                )
+                return
+            if outcome.outcome == Outcome.REFUSED:
+                self._finish(
+                    sub,
+                    SubmitResult(
+                        SubmitStatus.FAILED,
+                        attempts=sub.attempts,
+                        reason=f"the server refused it: {outcome.reason}",
+                    ),
                 )
                 return
             if outcome.outcome == Outcome.LOCK_FAILED:
@@ -619,10 +660,23 @@ class WaltzClient:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(state.applied_changed.wait(), 1.0)
 
+    async def _mounted(self, state: _Partition) -> None:
+        """Until the partition is mounted; Forbidden if the access policy refuses it."""
+        while not state.ready.is_set():
+            if state.refusal is not None:
+                raise Forbidden(state.refusal)
+            ready = asyncio.ensure_future(state.ready.wait())
+            refused = asyncio.ensure_future(state.refused.wait())
+            try:
+                await asyncio.wait({ready, refused}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ready.cancel()
+                refused.cancel()
+
     async def _attempt(self, sub: _Submission, state: _Partition) -> Resolution | None:
         """One execution and append; None when execute() gives up."""
         while True:
-            await state.ready.wait()
+            await self._mounted(state)
             if self._closed:
                 return Resolution(sub, Outcome.LOST)
             hwm = await self._client_high_water_mark(state)
@@ -714,7 +768,7 @@ class WaltzClient:
                     ErrorCode.NOT_READY,
                     ErrorCode.STORAGE_UNAVAILABLE,
                 ):
-                    raise WaltzError(last)
+                    raise (Forbidden if answer.code == ErrorCode.FORBIDDEN else WaltzError)(last)
             await asyncio.sleep(backoff)
             backoff = min(2.0, backoff * 2)
         raise WaltzError(f"partition {partition_id}: no answer in time ({last})")

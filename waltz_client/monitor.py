@@ -26,6 +26,7 @@ class Outcome(Enum):
     COMMITTED = "committed"
     LOCK_FAILED = "lock failed"
     LOST = "lost"  # never committed: dropped by the server, or in flight across a reconnect
+    REFUSED = "refused"  # never committed: the server refused it (the access policy)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Resolution(Generic[T]):
     item: T
     outcome: Outcome
     transaction_id: int = -1  # the committed ID, or the one that made the lock fail
+    reason: str = ""  # why it was refused
 
 
 class TransactionMonitor(Generic[T]):
@@ -74,6 +76,13 @@ class TransactionMonitor(Generic[T]):
         if item is None:
             return None
         return Resolution(item, Outcome.LOCK_FAILED, transaction_id)
+
+    def refused(self, req_id: ReqId, reason: str) -> Resolution[T] | None:
+        """The server refused the append outright: it never reached the partition."""
+        item = self._pending.pop(req_id, None)
+        if item is None:
+            return None
+        return Resolution(item, Outcome.REFUSED, reason=reason)
 
     def flushed(self, sent_before: set[ReqId]) -> list[Resolution[T]]:
         """A Flush answer: appends sent before the flush and still pending never commit."""

@@ -265,6 +265,7 @@ def test_status_and_error_codes():
         "NOT_MOUNTED": 6,
         "LIMIT_EXCEEDED": 7,
         "UNAUTHORIZED": 8,
+        "FORBIDDEN": 9,
     }
 
 
@@ -1069,7 +1070,7 @@ def test_unknown_mount_status(code):
         decode_server_response(1, REQ_BYTES + bytes([code]))
 
 
-@pytest.mark.parametrize("code", [0, 9, 127, 255])
+@pytest.mark.parametrize("code", [0, 10, 127, 255])
 def test_unknown_error_code(code):
     with pytest.raises(MalformedMessage, match=rf"^ErrorResponse: unknown code {code}$"):
         decode_server_response(15, REQ_BYTES + bytes([code]) + b"\x00\x00")

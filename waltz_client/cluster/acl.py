@@ -1,26 +1,35 @@
-"""ZooKeeper ACLs on a cluster's metadata, and the credential that may write it.
+"""ZooKeeper ACLs on a cluster's metadata, and who may write it.
 
-With a credential (digest scheme, ``user:password``, kept in a file such as a mounted
-Secret), CreateCluster writes every node of the cluster with this ACL:
+The writers are a credential (digest scheme, ``user:password``, kept in a file such as
+a mounted Secret) and/or identities ZooKeeper authenticates itself: the certificate of a
+TLS connection (``x509:<subject DN>``) or a SASL principal (``sasl:<name>``). With any
+writer, CreateCluster writes every node of the cluster with this ACL:
 
-- the credential: every permission;
+- each writer: every permission;
 - anyone: read. Clients and storage nodes only read the metadata;
 - anyone, on ``<root>/client-ids`` only: also create and delete children, so that a
   client can allocate its client ID (a sequential node it deletes at once).
 
-Servers and the admin CLI connect with the credential (they write ownership, partition
-metadata, registrations and client bindings); nodes they create get the same ACL.
-Without a credential, nothing changes: ZooKeeper's open ACL, as before.
+Servers and the admin CLI authenticate as a writer (they write ownership, partition
+metadata, registrations and client bindings); nodes they create copy the ACL of the
+cluster node (``adopt_cluster_acl``), so only CreateCluster needs to know the writers.
+Without writers, nothing changes: ZooKeeper's open ACL, as before.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
+from kazoo.exceptions import NoNodeError
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
 
+from .paths import ClusterPaths
 from .zk import ClusterError
+
+# Schemes whose identities ZooKeeper establishes itself (digest writers use a credential).
+IDENTITY_SCHEMES = ("x509", "sasl", "digest", "ip")
 
 ANYONE = {"scheme": "world", "id": "anyone"}
 
@@ -57,14 +66,81 @@ def world(perms: int) -> ACL:
     return ACL(perms, Id(ANYONE["scheme"], ANYONE["id"]))
 
 
-def metadata_acl(credential: ZkCredential | None) -> list[ACL]:
-    """Every node of the cluster: the credential may do anything, anyone may read."""
-    if credential is None:
+def metadata_acl(credential: ZkCredential | None, writers: Sequence[Id] = ()) -> list[ACL]:
+    """Every node of the cluster: the credential and the writers may do anything, anyone
+    may read (without either, ZooKeeper's open ACL)."""
+    if credential is None and not writers:
         return list(OPEN_ACL_UNSAFE)
-    return [
-        make_digest_acl(credential.user, credential.password, all=True),
-        world(Permissions.READ),
-    ]
+    acl = [ACL(Permissions.ALL, w) for w in writers]
+    if credential is not None:
+        acl.insert(0, make_digest_acl(credential.user, credential.password, all=True))
+    return [*acl, world(Permissions.READ)]
+
+
+def parse_writer(text: str) -> Id:
+    """``x509:CN=waltz-server,O=Example`` -> Id("x509", "CN=waltz-server,O=Example")."""
+    scheme, sep, identity = text.partition(":")
+    if not sep or not identity or scheme not in IDENTITY_SCHEMES:
+        raise ClusterError(
+            f"ACL writer {text!r}: expected SCHEME:ID with SCHEME one of "
+            f"{', '.join(IDENTITY_SCHEMES)} (e.g. x509:CN=waltz-server,O=Example)"
+        )
+    return Id(scheme, identity)
+
+
+def x509_writer(cert_path: str) -> Id:
+    """The ``x509`` identity ZooKeeper gives a TLS client presenting this certificate: its
+    subject DN as Java's X500Principal prints it (RFC 2253, every special escaped)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    try:
+        with open(cert_path, "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+    except (OSError, ValueError) as e:
+        raise ClusterError(f"cannot read the certificate {cert_path}: {e}") from None
+    keywords = {
+        NameOID.COMMON_NAME: "CN",
+        NameOID.COUNTRY_NAME: "C",
+        NameOID.LOCALITY_NAME: "L",
+        NameOID.STATE_OR_PROVINCE_NAME: "ST",
+        NameOID.ORGANIZATION_NAME: "O",
+        NameOID.ORGANIZATIONAL_UNIT_NAME: "OU",
+        NameOID.STREET_ADDRESS: "STREET",
+        NameOID.DOMAIN_COMPONENT: "DC",
+        NameOID.USER_ID: "UID",
+    }
+    rdns = []
+    for rdn in reversed(list(cert.subject.rdns)):  # RFC 2253: the most specific first
+        parts = []
+        for attribute in rdn:
+            keyword = keywords.get(attribute.oid)
+            if keyword is None:
+                raise ClusterError(
+                    f"{cert_path}: the subject has {attribute.oid.dotted_string}, which "
+                    f"ZooKeeper prints in hex; give the identity as x509:DN instead"
+                )
+            parts.append(f"{keyword}={_escape_2253(str(attribute.value))}")
+        rdns.append("+".join(parts))
+    return Id("x509", ",".join(rdns))
+
+
+def _escape_2253(value: str) -> str:
+    out = "".join("\\" + c if c in ',=+<>#;"\\' else c for c in value)
+    if out.startswith(" "):
+        out = "\\" + out
+    if out.endswith(" ") and not out.endswith("\\ "):
+        out = out[:-1] + "\\ "
+    return out
+
+
+def adopt_cluster_acl(zk, root: str) -> None:
+    """Nodes ``zk`` creates from now on get the cluster node's ACL (whoever wrote it)."""
+    try:
+        acl, _ = zk.get_acls(ClusterPaths.of(root).cluster)
+    except NoNodeError:
+        return
+    zk.default_acl = list(acl)
 
 
 def client_ids_acl_of(zk) -> list[ACL] | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
+    BadVersionError,
     ConnectionLoss,
     NodeExistsError,
     NoNodeError,
@@ -22,6 +23,7 @@ from kazoo.exceptions import (
 
 from waltz_client.partition_ranges import format_partition_ranges
 
+from .access import AccessPolicy
 from .acl import client_ids_acl_of
 from .metadata import (
     ClusterParams,
@@ -390,6 +392,40 @@ def unassign_partitions(
         return new
 
     return update_assignment(zk, root, change)
+
+
+def read_access(zk: KazooClient, root: str) -> tuple[AccessPolicy, int]:
+    """The access policy and its znode version (-1: none yet, which is an empty policy)."""
+    paths = ClusterPaths.of(root)
+    try:
+        data, stat = zk.get(paths.access)
+    except NoNodeError:
+        return AccessPolicy(), -1
+    return _decode(paths.access, data, AccessPolicy), stat.version
+
+
+def update_access(
+    zk: KazooClient, root: str, change: Callable[[AccessPolicy], AccessPolicy]
+) -> AccessPolicy:
+    """Compare-and-set the access policy (created on first use)."""
+    paths = ClusterPaths.of(root)
+    params = read_params(zk, root)
+    for _ in range(CAS_ATTEMPTS):
+        current, version = read_access(zk, root)
+        new = change(current)
+        # Checked as every server will read it: a policy they refuse must not be written.
+        AccessPolicy.decode(new.encode(), params.num_partitions)
+        if new == current:
+            return current
+        try:
+            if version < 0:
+                zk.create(paths.access, new.encode())
+            else:
+                zk.set(paths.access, new.encode(), version=version)
+            return new
+        except (NodeExistsError, BadVersionError):
+            continue  # changed under us: decide again
+    raise ClusterError("the access policy kept changing; try again")
 
 
 def delete_cluster(zk: KazooClient, root: str, confirm_name: str, force: bool = False) -> None:

@@ -16,7 +16,14 @@ from waltz_client.partition_ranges import format_partition_ranges, parse_partiti
 from ..settings import zookeeper_address
 from ..tls import TlsFiles
 from . import admin
-from .acl import credential_from_setting
+from .access import AccessPolicy
+from .acl import (
+    adopt_cluster_acl,
+    credential_from_setting,
+    metadata_acl,
+    parse_writer,
+    x509_writer,
+)
 from .metadata import ReplicaAssignment
 from .paths import ClusterPaths
 from .placement import quorum
@@ -71,6 +78,22 @@ def register(groups: argparse._SubParsersAction) -> None:
         help="a storage node (repeat, or comma-separate); @GROUP is its failure domain",
     )
     p.add_argument("--key", type=uuid.UUID, help="cluster key (default: a new random UUID)")
+    p.add_argument(
+        "--zk-acl",
+        action="append",
+        default=[],
+        metavar="SCHEME:ID",
+        help="also let this ZooKeeper identity write the metadata (repeat): "
+        "x509:<certificate subject DN> or sasl:<principal>",
+    )
+    p.add_argument(
+        "--zk-acl-cert",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="let the holder of this certificate write the metadata over ZooKeeper's TLS "
+        "port (repeat; its subject DN as an x509 ACL)",
+    )
 
     command("show", "parameters, assignment, partition metadata, servers, owners", cmd_show)
     p = command("list", "list the clusters under a znode", cmd_list, needs_root=False)
@@ -97,11 +120,38 @@ def register(groups: argparse._SubParsersAction) -> None:
         p.add_argument("address", metavar="HOST:PORT")
         p.add_argument("partitions", help="partition IDs and ranges, e.g. 0-6,9")
 
+    command("access", "show which client identities may read or append", cmd_access)
+    for name, func, help_ in (
+        ("grant", cmd_grant, "let a client identity (pattern) read and/or append partitions"),
+        ("revoke", cmd_revoke, "take a client identity (pattern) off partitions' rules"),
+    ):
+        p = command(name, help_, func)
+        p.add_argument("identity", help="certificate identity or shell pattern, e.g. audit-*")
+        _access_targets(p)
+        p.add_argument("--read", action="store_true", help="reading data (and the feed)")
+        p.add_argument("--append", action="store_true", help="appending (and the feed)")
+    p = command(
+        "open-access",
+        "remove partitions' rules: open to every client (or to the default rule)",
+        cmd_open_access,
+    )
+    _access_targets(p)
+
     p = command("delete", "delete the cluster's metadata (guarded)", cmd_delete)
     p.add_argument(
         "--confirm", required=True, metavar="NAME", help="the cluster's name, to confirm"
     )
     p.add_argument("--force", action="store_true", help="even while servers are registered")
+
+
+def _access_targets(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--partitions",
+        required=True,
+        metavar="IDS|all|default",
+        help="partition IDs and ranges (0-6,9), all, or default: the rule for partitions "
+        "without their own",
+    )
 
 
 def _run(args: argparse.Namespace, func: Callable[[KazooClient, argparse.Namespace], int]) -> int:
@@ -127,6 +177,8 @@ def _run(args: argparse.Namespace, func: Callable[[KazooClient, argparse.Namespa
         print(f"waltz cluster: error: {e}", file=sys.stderr)
         return 2
     try:
+        if func is not cmd_create and getattr(args, "root", None) is not None:
+            adopt_cluster_acl(zk, args.root)  # nodes it creates (access) get the cluster's
         return func(zk, args)
     except (ClusterError, ValueError) as e:
         print(f"waltz cluster: error: {e}", file=sys.stderr)
@@ -155,6 +207,11 @@ def _print_json(doc: object) -> None:
 
 def cmd_create(zk: KazooClient, args: argparse.Namespace) -> int:
     storages, groups = _parse_storages(args.storage)
+    writers = [parse_writer(w) for w in args.zk_acl]
+    writers += [x509_writer(path) for path in args.zk_acl_cert]
+    if writers:
+        credential = credential_from_setting(args.zk_auth_file, "--zk-auth-file")
+        zk.default_acl = metadata_acl(credential, writers)
     result = admin.create_cluster(
         zk, args.root, args.name, args.partitions, args.replicas, storages, groups, args.key
     )
@@ -352,3 +409,52 @@ def cmd_delete(zk: KazooClient, args: argparse.Namespace) -> int:
     admin.delete_cluster(zk, args.root, args.confirm, args.force)
     print(json.dumps({"deleted": args.root}) if args.json else f"deleted {args.root}")
     return 0
+
+
+def _targets(zk: KazooClient, args: argparse.Namespace) -> list[int | None]:
+    if args.partitions.strip() == "default":
+        return [None]
+    params = admin.read_params(zk, args.root)
+    return sorted(parse_partition_ranges(args.partitions, params.num_partitions))
+
+
+def _print_access(args: argparse.Namespace, policy: AccessPolicy) -> int:
+    if args.json:
+        print(json.dumps(json.loads(policy.encode()), indent=2, sort_keys=True))
+    else:
+        print("\n".join(policy.describe()))
+    return 0
+
+
+def cmd_access(zk: KazooClient, args: argparse.Namespace) -> int:
+    admin.read_params(zk, args.root)  # a missing cluster says so
+    policy, _ = admin.read_access(zk, args.root)
+    return _print_access(args, policy)
+
+
+def _change_access(zk: KazooClient, args: argparse.Namespace, grant: bool) -> int:
+    if not (args.read or args.append):
+        raise ValueError("say what to change: --read, --append or both")
+    targets = _targets(zk, args)
+    if grant:
+        policy = admin.update_access(
+            zk, args.root, lambda p: p.granted(targets, args.identity, args.read, args.append)
+        )
+    else:
+        policy = admin.update_access(
+            zk, args.root, lambda p: p.revoked(targets, args.identity, args.read, args.append)
+        )
+    return _print_access(args, policy)
+
+
+def cmd_grant(zk: KazooClient, args: argparse.Namespace) -> int:
+    return _change_access(zk, args, grant=True)
+
+
+def cmd_revoke(zk: KazooClient, args: argparse.Namespace) -> int:
+    return _change_access(zk, args, grant=False)
+
+
+def cmd_open_access(zk: KazooClient, args: argparse.Namespace) -> int:
+    targets = _targets(zk, args)
+    return _print_access(args, admin.update_access(zk, args.root, lambda p: p.cleared(targets)))

@@ -60,6 +60,11 @@ class ClusterPaths:
         return f"{self.root}/ownership"
 
     @property
+    def access(self) -> str:
+        """Which client identities may read or append which partitions (optional)."""
+        return f"{self.root}/access"
+
+    @property
     def client_bindings(self) -> str:
         """Client ID -> the certificate identity that first used it (with client TLS)."""
         return f"{self.root}/client-bindings"

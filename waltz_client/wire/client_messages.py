@@ -73,6 +73,7 @@ class ErrorCode(IntEnum):
     NOT_MOUNTED = 6  # a Flush on a connection without a current mount of the client
     LIMIT_EXCEEDED = 7  # a per-connection or per-partition limit of the server
     UNAUTHORIZED = 8  # the connection's certificate may not act as this client ID
+    FORBIDDEN = 9  # the cluster's access policy does not let this identity do that here
 
 
 @dataclass(frozen=True, slots=True)

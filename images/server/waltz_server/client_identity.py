@@ -1,4 +1,6 @@
-"""Which certificate identity may use which client ID, on a client port with mutual TLS.
+"""What a client connection's certificate identity may do: which client IDs it may use
+(on a client port with mutual TLS), and which partitions it may read or append (the
+cluster's access policy, ``waltz_client.cluster.access``).
 
 A client ID is bound to the identity of the first connection that uses it for a Mount,
 Append or Flush (recorded in ZooKeeper, first user wins; client IDs are allocated
@@ -11,10 +13,39 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from waltz_client.wire.client_messages import AppendRequest, FlushRequest, MountRequest
+from waltz_client.cluster.access import Access
+from waltz_client.wire.client_messages import (
+    AppendRequest,
+    ClientMessage,
+    FlushRequest,
+    MountRequest,
+    ReadRangeRequest,
+    TransactionDataRequest,
+)
 
 # Requests that act as a client (reads and feeds are not tied to a client ID).
 ACTS_AS_CLIENT = (AppendRequest, MountRequest, FlushRequest)
+
+
+def required_access(message: ClientMessage) -> Access:
+    """The access a request needs: appending, reading data, or (mounts, feeds, high-water
+    marks, flushes: what a client needs to learn what committed) either of them."""
+    if isinstance(message, AppendRequest):
+        return Access.APPEND
+    if isinstance(message, (TransactionDataRequest, ReadRangeRequest)):
+        return Access.READ
+    return Access.FEED
+
+
+def refusal(identity: str | None, partition_id: int, access: Access) -> str:
+    """The FORBIDDEN error's text."""
+    who = f"identity {identity!r}" if identity is not None else "a client without a certificate"
+    what = {
+        Access.APPEND: "append to",
+        Access.READ: "read the data of",
+        Access.FEED: "mount or follow",
+    }[access]
+    return f"{who} may not {what} partition {partition_id} (the cluster's access policy)"
 
 
 class ClientBindings:

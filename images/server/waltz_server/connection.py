@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from waltz_client.cluster.access import OPEN_ACCESS, Access, AccessPolicy
 from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
 from waltz_client.peer_warnings import PeerWarnings
 from waltz_client.tls import peer_identity
@@ -52,7 +53,7 @@ from waltz_client.wire.framing import (
     negotiate,
 )
 
-from .client_identity import ACTS_AS_CLIENT, ClientBindings
+from .client_identity import ACTS_AS_CLIENT, ClientBindings, refusal, required_access
 from .partition import Partition, State
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class ClientConnectionHandler(asyncio.Protocol):
         guard: PeerGuard | None = None,
         limits: ConnectionLimits | None = None,
         bindings: ClientBindings | None = None,
+        access: Callable[[], AccessPolicy] = lambda: OPEN_ACCESS,
     ) -> None:
         self._write_buffer_bytes = write_buffer_bytes
         self.limits = limits or ConnectionLimits()
@@ -102,6 +104,11 @@ class ClientConnectionHandler(asyncio.Protocol):
         self.identity: str | None = None
         self._proven: set[int] = set()
         self._held: collections.deque[ClientMessage] = collections.deque()
+        # The cluster's access policy (it may change at any time) and, for the policy last
+        # seen, what this connection's identity may do per (partition, access).
+        self._access = access
+        self._access_seen: AccessPolicy | None = None
+        self._allowed: dict[tuple[int, Access], bool] = {}
         self._partitions = partitions
         self._max_frame_bytes = max_frame_bytes
         self._max_data_bytes = max_data_bytes
@@ -342,8 +349,26 @@ class ClientConnectionHandler(asyncio.Protocol):
 
     # --- dispatch -----------------------------------------------------------------------
 
+    def _allows(self, partition_id: int, access: Access) -> bool:
+        policy = self._access()
+        if policy is not self._access_seen:
+            self._access_seen = policy
+            self._allowed.clear()
+        key = (partition_id, access)
+        allowed = self._allowed.get(key)
+        if allowed is None:
+            allowed = policy.allows(self.identity, partition_id, access)
+            if len(self._allowed) < 65536:
+                self._allowed[key] = allowed
+        return allowed
+
     def _dispatch(self, message: ClientMessage) -> None:
         q = message.req_id
+        access = required_access(message)
+        if not self._allows(q.partition_id, access):
+            self._on_error("forbidden")
+            self._error(q, ErrorCode.FORBIDDEN, refusal(self.identity, q.partition_id, access))
+            return
         partition = self._partitions(q.partition_id)
         if partition is not None:
             self.partitions_touched.add(q.partition_id)

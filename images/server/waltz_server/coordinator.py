@@ -21,7 +21,8 @@ from collections.abc import Callable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from waltz_client.cluster.acl import ZkCredential
+from waltz_client.cluster.access import DENY_ALL, AccessPolicy
+from waltz_client.cluster.acl import ZkCredential, adopt_cluster_acl
 from waltz_client.cluster.admin import read_assignment, read_params
 from waltz_client.cluster.metadata import (
     ClusterParams,
@@ -77,6 +78,9 @@ class ServerCoordinator:
         self.assignment: ReplicaAssignment | None = None
         self.connected = False
         self.live_servers: list[str] = []
+        # Who may read or append which partition: nobody until the policy is first read
+        # (its watch reports before ownership's, so no partition is served before).
+        self.access: AccessPolicy = DENY_ALL
         # One rebalance task at a time. Every request sets the event; the task clears it
         # as an attempt starts, so requests during an attempt or a backoff coalesce.
         self._rebalance_task: asyncio.Task[None] | None = None
@@ -125,9 +129,12 @@ class ServerCoordinator:
             except (ClusterError, MetadataError) as e:
                 log.warning("waiting for the cluster: %s", e)
                 await asyncio.sleep(retry_every)
+        # Nodes we create (registrations, client bindings) get the cluster's ACL.
+        await self._run(adopt_cluster_acl, self.zk, self.paths.root)
         self.zk.add_listener(self._state_changed)
         await self._run(self._register)
         self.connected = True
+        self.zk.DataWatch(self.paths.access, self._access_changed)
         self.zk.DataWatch(self.paths.assignment, self._assignment_changed)
         self.zk.ChildrenWatch(self.paths.servers, self._servers_changed)
         self.zk.DataWatch(self.paths.ownership, self._ownership_changed)
@@ -189,6 +196,24 @@ class ServerCoordinator:
             with contextlib.suppress(NoNodeError):
                 self.zk.delete(path)
             self.zk.create(path, data, ephemeral=True)
+
+    def _access_changed(self, data, stat) -> None:
+        if data is None:
+            self._post(self._set_access, AccessPolicy(), "no access policy: partitions are open")
+            return
+        assert self.params is not None
+        try:
+            policy = AccessPolicy.decode(data, self.params.num_partitions)
+        except MetadataError as e:
+            # Refuse rather than guess: keep the last good policy (nobody, at start).
+            log.error("ignoring an unreadable access policy (%s): %s", self.paths.access, e)
+            return
+        self._post(self._set_access, policy, "access policy: " + "; ".join(policy.describe()))
+
+    def _set_access(self, policy: AccessPolicy, description: str) -> None:
+        if policy != self.access:
+            log.info("%s", description)
+        self.access = policy
 
     def _assignment_changed(self, data, stat) -> None:
         if data is None:

@@ -105,6 +105,7 @@ class WaltzServer:
             self.guard,
             self.connection_limits,
             self.bindings,
+            lambda: self.coordinator.access,
         )
         self.metrics.connections.inc()
         return conn
