@@ -143,6 +143,70 @@ def _pod_spec(
     return pod
 
 
+# --- Secrets: TLS certificates and the ZooKeeper credential --------------------------------
+
+TLS_DIR = "/etc/waltz/tls"
+ZK_TLS_DIR = "/etc/waltz/zk-tls"
+ZK_AUTH_DIR = "/etc/waltz/zk-auth"
+ZK_AUTH_KEY = "credential"  # the auth Secret's key holding user:password
+
+
+def _tls_paths(prefix: str, directory: str) -> dict[str, str]:
+    """A kubernetes.io/tls Secret's files as a daemon's ``<prefix>cert/key/ca`` settings."""
+    return {
+        f"{prefix}CERT": f"{directory}/tls.crt",
+        f"{prefix}KEY": f"{directory}/tls.key",
+        f"{prefix}CA": f"{directory}/ca.crt",
+    }
+
+
+def _secret_volume(
+    name: str, secret: str, directory: str, items: list[dict[str, str]] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, mount): readable by the daemon's group only. Mounted whole, not with
+    subPath, so that a Secret rotated in place reaches the running daemon."""
+    source: dict[str, Any] = {"secretName": secret, "defaultMode": 0o440}
+    if items:
+        source["items"] = items
+    return (
+        {"name": name, "secret": source},
+        {"name": name, "mountPath": directory, "readOnly": True},
+    )
+
+
+def _secrets(spec: ClusterSpec, component: str) -> tuple[dict[str, str], list, list]:
+    """The settings, volumes and mounts that give a tier its certificates and credential."""
+    env: dict[str, str] = {}
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+
+    def mount(name: str, secret: str, directory: str, items=None) -> None:
+        volume, volume_mount = _secret_volume(name, secret, directory, items)
+        volumes.append(volume)
+        mounts.append(volume_mount)
+
+    prefix = f"WALTZ_{component.upper()}_"
+    tls = spec.tls
+    if tls.enabled:
+        if component == "storage":
+            mount("tls", tls.storage_secret, TLS_DIR)
+            env.update(_tls_paths(f"{prefix}TLS_", TLS_DIR))
+            env[f"{prefix}TLS_ALLOWED_PEERS"] = tls.allowed_server_identities
+        else:
+            mount("tls", tls.server_secret, TLS_DIR)
+            env.update(_tls_paths(f"{prefix}TLS_", TLS_DIR))
+            env[f"{prefix}TLS_VERIFY_PEER"] = "true" if tls.require_client_certificates else "false"
+            env.update(_tls_paths(f"{prefix}STORAGE_TLS_", TLS_DIR))
+    if spec.zk_tls_secret:
+        mount("zk-tls", spec.zk_tls_secret, ZK_TLS_DIR)
+        env.update(_tls_paths(f"{prefix}ZK_TLS_", ZK_TLS_DIR))
+    if spec.zk_auth_secret and component == "server":  # storage nodes only read
+        items = [{"key": ZK_AUTH_KEY, "path": ZK_AUTH_KEY}]
+        mount("zk-auth", spec.zk_auth_secret, ZK_AUTH_DIR, items)
+        env[f"{prefix}ZK_AUTH_FILE"] = f"{ZK_AUTH_DIR}/{ZK_AUTH_KEY}"
+    return env, volumes, mounts
+
+
 def _env_map(prefix: str, settings: Mapping[str, str]) -> dict[str, str]:
     return {f"{prefix}{k.upper()}": v for k, v in sorted(settings.items())}
 
@@ -184,6 +248,7 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
             ],
         },
     }
+    secret_env, secret_volumes, secret_mounts = _secrets(spec, "storage")
     config_map, annotations = _settings_map(
         spec,
         "storage",
@@ -193,6 +258,7 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
             "WALTZ_STORAGE_DIRECTORY": DATA,
             "WALTZ_STORAGE_PORT": str(STORAGE_PORT),
             "WALTZ_STORAGE_HTTP_PORT": str(STORAGE_HTTP_PORT),
+            **secret_env,
             **_env_map("WALTZ_STORAGE_", tier.settings),
         },
     )
@@ -222,6 +288,7 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
         "volumeMounts": [
             {"name": "data", "mountPath": DATA},
             {"name": "tmp", "mountPath": "/tmp"},
+            *secret_mounts,
         ],
     }
     claim: dict[str, Any] = {
@@ -248,7 +315,11 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
             "template": {
                 "metadata": {"labels": labels(spec, "storage"), "annotations": annotations},
                 "spec": _pod_spec(
-                    spec, tier, "storage", container, [{"name": "tmp", "emptyDir": {}}]
+                    spec,
+                    tier,
+                    "storage",
+                    container,
+                    [{"name": "tmp", "emptyDir": {}}, *secret_volumes],
                 ),
             },
             "volumeClaimTemplates": [claim],
@@ -281,6 +352,7 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
             "ports": [{"name": "client", "port": SERVER_PORT, "targetPort": SERVER_PORT}],
         },
     }
+    secret_env, secret_volumes, secret_mounts = _secrets(spec, "server")
     config_map, annotations = _settings_map(
         spec,
         "server",
@@ -289,6 +361,7 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
             "WALTZ_SERVER_ZK_ROOT": spec.zk_root,
             "WALTZ_SERVER_PORT": str(SERVER_PORT),
             "WALTZ_SERVER_HTTP_PORT": str(SERVER_HTTP_PORT),
+            **secret_env,
             **_env_map("WALTZ_SERVER_", tier.settings),
         },
     )
@@ -312,7 +385,7 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
         "livenessProbe": _probe("/healthz", SERVER_HTTP_PORT, 10, 6),
         "resources": dict(tier.resources),
         "securityContext": CONTAINER_SECURITY,
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *secret_mounts],
     }
     deployment = {
         "apiVersion": "apps/v1",
@@ -329,7 +402,11 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
             "template": {
                 "metadata": {"labels": labels(spec, "server"), "annotations": annotations},
                 "spec": _pod_spec(
-                    spec, tier, "server", container, [{"name": "tmp", "emptyDir": {}}]
+                    spec,
+                    tier,
+                    "server",
+                    container,
+                    [{"name": "tmp", "emptyDir": {}}, *secret_volumes],
                 ),
             },
         },

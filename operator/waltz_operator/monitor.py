@@ -28,6 +28,7 @@ from waltz_client.cluster.zk import ClusterError, close, connect
 from waltz_client.wire.errors import describe
 
 from .observe import ClusterView, ServerPartition, combine, parse_server_metrics
+from .zk_secrets import ZkAccess
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,8 +53,10 @@ class ClusterMonitor:
         storage_http: Callable[[str], str | None],
         settings: MonitorSettings = MonitorSettings(),
         on_view: Callable[[ClusterView | None], None] = lambda view: None,
+        access: ZkAccess | None = None,
     ) -> None:
         self.connect_string = connect_string
+        self.access = access or ZkAccess()  # the credential and certificate to reach ZooKeeper with
         self.root = root
         self.paths = ClusterPaths.of(root)
         self._storage_http = storage_http
@@ -160,7 +163,7 @@ class ClusterMonitor:
         node (the cluster may not exist yet)."""
         if self._closing:
             raise ClusterError("the monitor is closed")
-        zk = connect(self.connect_string, self.settings.zk_timeout)
+        zk = connect(self.connect_string, self.settings.zk_timeout, **self.access.connect_arguments)
         with self._watch_lock:
             if self._closing:  # closed while we connected
                 close(zk)

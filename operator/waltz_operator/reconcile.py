@@ -26,6 +26,8 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import os
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -58,6 +60,7 @@ from .rollout import (
 from .spec import STORAGE_HTTP_PORT, ClusterSpec, SpecError, parse
 from .status import Observed, compute_status
 from .teardown import tear_down
+from .zk_secrets import SecretProblem, ZkAccess, zk_access
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,10 @@ class ReconcileSettings:
     storage_http: Callable[[str], str | None] = default_storage_http
     # Storage addresses by ordinal instead of the pods' DNS names (spec.address_book).
     address_book: tuple[str, ...] = ()
+    # Where the certificates of spec.zookeeper.tlsSecret are written for kazoo.
+    secret_dir: str = field(
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "waltz-operator-secrets")
+    )
 
 
 class Reconciler:
@@ -120,7 +127,8 @@ class Reconciler:
         self.settings = settings or ReconcileSettings()
         self.clock = clock
         self.monitors: dict[str, ClusterMonitor] = {}
-        self._zk: dict[str, KazooClient] = {}
+        self._zk: dict[tuple[str, ZkAccess], KazooClient] = {}
+        self._accesses: dict[str, ZkAccess] = {}  # cluster -> how it reaches ZooKeeper
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing = False
         # The last status each cluster was given: newer than a body kopf delivers
@@ -152,9 +160,11 @@ class Reconciler:
         key = cluster_name(spec)
         figures = self.metrics.figures(key)
         monitor = self.monitors.get(key)
-        if monitor is not None and (monitor.connect_string, monitor.root) != (
+        access = self._accesses.get(key, ZkAccess())
+        if monitor is not None and (monitor.connect_string, monitor.root, monitor.access) != (
             spec.zookeeper,
             spec.zk_root,
+            access,
         ):
             asyncio.get_running_loop().create_task(monitor.close())
             monitor = None
@@ -171,22 +181,38 @@ class Reconciler:
                 self.settings.storage_http,
                 self.settings.monitor,
                 on_view,
+                access,
             )
             self.monitors[key] = monitor
         return monitor
 
-    async def _zookeeper(self, connect_string: str) -> KazooClient:
-        zk = self._zk.get(connect_string)
+    async def _resolve_access(self, spec: ClusterSpec) -> ZkAccess:
+        """Read the Secrets the spec names for ZooKeeper (SecretProblem if unusable)."""
+        access = await zk_access(spec, self._get_secret, self.settings.secret_dir)
+        self._accesses[cluster_name(spec)] = access
+        return access
+
+    async def _get_secret(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return await self.kube.get("Secret", namespace, name)
+
+    async def _zookeeper(self, spec: ClusterSpec) -> KazooClient:
+        """A connection shared by the clusters on the same ZooKeeper with the same
+        credential and certificate."""
+        access = self._accesses.get(cluster_name(spec), ZkAccess())
+        key = (spec.zookeeper, access)
+        zk = self._zk.get(key)
         if zk is not None and zk.connected:
             return zk
         if zk is not None:
             await asyncio.to_thread(close, zk)
-        zk = await asyncio.to_thread(connect, connect_string, self.settings.zk_timeout)
-        self._zk[connect_string] = zk
+        zk = await asyncio.to_thread(
+            lambda: connect(spec.zookeeper, self.settings.zk_timeout, **access.connect_arguments)
+        )
+        self._zk[key] = zk
         return zk
 
     async def _admin(self, spec: ClusterSpec, call: Callable[..., Any], *args: Any) -> Any:
-        zk = await self._zookeeper(spec.zookeeper)
+        zk = await self._zookeeper(spec)
         return await asyncio.to_thread(call, zk, spec.zk_root, *args)
 
     # --- reconcile -----------------------------------------------------------------------
@@ -219,6 +245,13 @@ class Reconciler:
             return outcome
         paused = is_paused(body, spec)
         spec = replace(spec, paused=paused, address_book=self.settings.address_book)
+        try:
+            await self._resolve_access(spec)
+        except SecretProblem as e:  # it may appear later (cert-manager): look again soon
+            outcome = self._invalid(body, generation, previous, now, str(e), "SecretUnusable")
+            outcome.status_changed = outcome.status != previous
+            self.statuses[key] = outcome.status
+            return outcome
         monitor = self.monitor(spec)
         if monitor.rounds == 0:
             await monitor.next_view()
@@ -332,7 +365,7 @@ class Reconciler:
         return Outcome(status, events, busy=progress is not None, status_changed=status != previous)
 
     async def _admin_ensure(self, spec: ClusterSpec) -> Created | Refused | Unsupported:
-        zk = await self._zookeeper(spec.zookeeper)
+        zk = await self._zookeeper(spec)
         return await asyncio.to_thread(ensure_cluster, zk, spec)
 
     def _invalid(
@@ -342,9 +375,10 @@ class Reconciler:
         previous: Mapping[str, Any],
         now: str,
         reason: str,
+        code: str = "InvalidSpec",
     ) -> Outcome:
-        """A spec the schema let through but the operator cannot use: report, change
-        nothing."""
+        """A spec the schema let through but the operator cannot use (or a Secret it
+        names that is missing): report, change nothing."""
         conditions = [
             c for c in previous.get("conditions", []) if c.get("type") not in ("Degraded",)
         ]
@@ -354,15 +388,13 @@ class Reconciler:
             {
                 "type": "Degraded",
                 "status": "True",
-                "reason": "InvalidSpec",
+                "reason": code,
                 "message": reason,
                 "observedGeneration": generation,
                 "lastTransitionTime": now if moved else before.get("lastTransitionTime", now),
             }
         )
-        events = (
-            [] if before.get("message") == reason else [Event("Warning", "InvalidSpec", reason)]
-        )
+        events = [] if before.get("message") == reason else [Event("Warning", code, reason)]
         return Outcome(
             {**previous, "observedGeneration": generation, "conditions": conditions}, events
         )
@@ -452,7 +484,7 @@ class Reconciler:
         ]
 
     async def _assigned_nodes(self, spec: ClusterSpec) -> set[str]:
-        zk = await self._zookeeper(spec.zookeeper)
+        zk = await self._zookeeper(spec)
         assignment, _ = await asyncio.to_thread(admin.read_assignment, zk, spec.zk_root)
         return set(assignment.storages)
 
@@ -530,4 +562,6 @@ class Reconciler:
             await monitor.close()
         self.metrics.forget(key)
         self.statuses.pop(key, None)
-        return await tear_down(self.kube, lambda: self._zookeeper(spec.zookeeper), spec, timeout)
+        with contextlib.suppress(SecretProblem):  # else: as far as we get without it
+            await self._resolve_access(spec)
+        return await tear_down(self.kube, lambda: self._zookeeper(spec), spec, timeout)

@@ -47,6 +47,20 @@ class ImageSpec:
 
 
 @dataclass(frozen=True)
+class TlsSpec:
+    """Mutual TLS from Secrets of type kubernetes.io/tls with ``ca.crt`` (cert-manager's)."""
+
+    storage_secret: str = ""  # storage pods serve it; servers check their DNS names
+    server_secret: str = ""  # server pods serve clients with it and present it to storage
+    allowed_server_identities: str = "waltz-server*"  # storage's tls_allowed_peers
+    require_client_certificates: bool = True  # the server's tls_verify_peer
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.storage_secret)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     namespace: str
@@ -60,6 +74,9 @@ class ClusterSpec:
     image: ImageSpec
     retain_volumes: bool = True
     paused: bool = False
+    tls: TlsSpec = TlsSpec()
+    zk_auth_secret: str = ""  # Secret whose ``credential`` key holds user:password
+    zk_tls_secret: str = ""  # kubernetes.io/tls Secret for ZooKeeper's TLS port
     # Storage addresses by ordinal when the daemons do not run as pods of this cluster
     # (the test harness that plays the kubelet); empty: the pods' stable DNS names.
     address_book: tuple[str, ...] = ()
@@ -119,6 +136,25 @@ def _tier(doc: Mapping[str, Any], where: str, default_replicas: int) -> TierSpec
     )
 
 
+def _tls(doc: Any) -> TlsSpec:
+    if not isinstance(doc, Mapping):
+        raise SpecError("spec.tls must be an object")
+    tls = TlsSpec(
+        storage_secret=_get(doc, "storageSecret", str, "", "spec.tls"),
+        server_secret=_get(doc, "serverSecret", str, "", "spec.tls"),
+        allowed_server_identities=_get(
+            doc, "allowedServerIdentities", str, TlsSpec.allowed_server_identities, "spec.tls"
+        ),
+        require_client_certificates=_get(doc, "requireClientCertificates", bool, True, "spec.tls"),
+    )
+    if bool(tls.storage_secret) != bool(tls.server_secret):
+        raise SpecError(
+            "spec.tls needs both storageSecret and serverSecret (servers and storage nodes "
+            "authenticate each other)"
+        )
+    return tls
+
+
 def parse(resource: Mapping[str, Any]) -> ClusterSpec:
     """The spec of a WaltzCluster resource (a dict as the API returns it)."""
     meta = resource.get("metadata") or {}
@@ -164,4 +200,7 @@ def parse(resource: Mapping[str, Any]) -> ClusterSpec:
         ),
         retain_volumes=_get(spec, "retainVolumes", bool, True, "spec"),
         paused=_get(spec, "paused", bool, False, "spec"),
+        tls=_tls(spec.get("tls", {})),
+        zk_auth_secret=_get(zk, "authSecret", str, "", "spec.zookeeper"),
+        zk_tls_secret=_get(zk, "tlsSecret", str, "", "spec.zookeeper"),
     )

@@ -32,6 +32,7 @@ RESOURCES = {
     "v1/pods": ("Pod", True, {"status"}),
     "v1/services": ("Service", True, {"status"}),
     "v1/configmaps": ("ConfigMap", True, set()),
+    "v1/secrets": ("Secret", True, set()),
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, {"status"}),
     "apps/v1/statefulsets": ("StatefulSet", True, {"status", "scale"}),
     "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),

@@ -185,8 +185,13 @@ def _cel_failures(new: dict, old: dict) -> list[tuple[str, str]]:
             ".storage.replicas",
             "at least replicasPerPartition",
         ),
+        (
+            lambda s: s.update(tls={"storageSecret": "storage-tls"}),
+            ".tls",
+            "needs both storageSecret and serverSecret",
+        ),
     ],
-    ids=["even-replicas", "too-few-storage-nodes"],
+    ids=["even-replicas", "too-few-storage-nodes", "half-tls"],
 )
 def test_cel_rules_refuse_a_bad_resource(change, field, words):
     resource = _minimal()

@@ -42,6 +42,10 @@ SPECS = {
     "one-replica": resource(replicasPerPartition=1, storage={"replicas": 1}),
     "five-replicas": resource(replicasPerPartition=5, storage={"replicas": 7}),
     "drop-volumes": resource(retainVolumes=False, image={"pullSecrets": ["a", "b"]}),
+    "tls": {
+        **EXAMPLES["waltzcluster-tls"],
+        "metadata": {**EXAMPLES["waltzcluster-tls"]["metadata"], "namespace": "prod"},
+    },
 }
 
 
@@ -214,3 +218,78 @@ def test_what_reached_the_operator_anyway_is_refused_naming_the_field(change, me
     change(doc)
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse(doc)
+
+
+def test_tls_and_zookeeper_secrets_reach_the_daemons_as_files_they_load(tmp_path):
+    """The Secrets are mounted read-only, and the settings that point at them are ones
+    the daemons take: each tier's ConfigMap, with the mounts played by copies of real
+    certificates, loads as the daemon's own configuration would."""
+    from waltz_client.local.certs import local_pki
+    from waltz_server.config import load_config as load_server_config
+    from waltz_storage.config import load_config as load_storage_config
+
+    objects = by_kind(desired_objects(parse(SPECS["tls"])))
+    maps = {m["metadata"]["name"]: m["data"] for m in objects["ConfigMap"]}
+    pki = local_pki(str(tmp_path / "pki"), {"waltz-server": ["127.0.0.1"]})["waltz-server"]
+    (tmp_path / "data").mkdir()
+
+    def mounted(kind: str) -> tuple[dict, dict[str, str]]:
+        pod = objects[kind][0]["spec"]["template"]["spec"]
+        volumes = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+        mounts = {}
+        for m in pod["containers"][0]["volumeMounts"]:
+            if m["name"] in volumes:
+                assert m.get("readOnly") is True and "subPath" not in m  # rotations arrive
+                assert volumes[m["name"]]["defaultMode"] == 0o440
+                mounts[m["mountPath"]] = volumes[m["name"]]["secretName"]
+        return volumes, mounts
+
+    def as_mounted(env: dict[str, str]) -> dict[str, str]:
+        """The ConfigMap's paths, pointing at files that stand in for the mounts."""
+        out = {}
+        for name, value in env.items():
+            if value.startswith("/etc/waltz/"):
+                local = tmp_path / value.lstrip("/")
+                local.parent.mkdir(parents=True, exist_ok=True)
+                source = {"tls.crt": pki.cert, "tls.key": pki.key, "ca.crt": pki.ca}
+                if local.name in source:
+                    local.write_bytes(pathlib.Path(source[local.name]).read_bytes())
+                else:
+                    local.write_text("waltz:s3cret\n")  # the credential
+                value = str(local)
+            elif value == "/var/lib/waltz/storage":
+                value = str(tmp_path / "data")
+            out[name] = value
+        return out
+
+    _, storage_mounts = mounted("StatefulSet")
+    assert storage_mounts == {
+        "/etc/waltz/tls": "secure-storage-tls",
+        "/etc/waltz/zk-tls": "secure-zk-tls",
+    }  # no ZooKeeper credential: storage nodes only read the metadata
+    server_volumes, server_mounts = mounted("Deployment")
+    assert server_mounts == {
+        "/etc/waltz/tls": "secure-server-tls",
+        "/etc/waltz/zk-tls": "secure-zk-tls",
+        "/etc/waltz/zk-auth": "secure-zk-auth",
+    }
+    assert server_volumes["zk-auth"]["items"] == [{"key": "credential", "path": "credential"}]
+
+    storage = load_storage_config([], as_mounted(maps["secure-storage-config"]))
+    assert storage.tls.enabled and storage.tls.verify_peer
+    assert storage.tls_allowed_peers == ("waltz-server",)
+    assert storage.zk_tls is not None
+    server = load_server_config([], as_mounted(maps["secure-server-config"]))
+    assert server.tls.enabled and server.tls.verify_peer
+    assert server.storage_tls.enabled and server.storage_tls.cert == server.tls.cert
+    assert server.zk_tls is not None
+    assert server.zk_credential is not None and server.zk_credential.user == "waltz"
+
+
+def test_without_tls_no_secret_is_mounted():
+    objects = by_kind(desired_objects(parse(SPECS["production"])))
+    for kind in ("StatefulSet", "Deployment"):
+        pod = objects[kind][0]["spec"]["template"]["spec"]
+        assert not [v for v in pod["volumes"] if "secret" in v]
+    for data in (m["data"] for m in objects["ConfigMap"]):
+        assert not [k for k in data if "TLS" in k or "AUTH" in k]

@@ -47,6 +47,7 @@ def fake_partition(
         healthy=session_id >= 0,
         queue_size=0,
         subscriptions=[object()],
+        mounted_clients=1,
         data_cache=SimpleNamespace(bytes=100, hits=2, misses=1),
         stats=SimpleNamespace(appended=hwm + 1, committed=hwm + 1, lock_failures=0, ignored=0),
         feed_sent=hwm + 1,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kazoo.exceptions import NoNodeError
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
@@ -37,7 +37,7 @@ ANYONE = {"scheme": "world", "id": "anyone"}
 @dataclass(frozen=True, slots=True)
 class ZkCredential:
     user: str
-    password: str
+    password: str = field(repr=False)  # never in a log line
 
     @classmethod
     def from_file(cls, path: str, setting: str = "zk_auth_file") -> ZkCredential:

@@ -89,7 +89,7 @@ class _PartitionCollector(Collector):
                 "active": 1 if part.healthy else 0,
                 "queue_size": part.queue_size,
                 "feed_clients": len(part.subscriptions),
-                "mounted_clients": part.core.clients_tracked,
+                "mounted_clients": part.mounted_clients,
                 "data_cache_bytes": part.data_cache.bytes,
             }
             for n, v in values.items():

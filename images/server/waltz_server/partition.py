@@ -496,6 +496,11 @@ class Partition:
             except Exception as e:  # the connection is going away as well
                 log.info("partition %d: could not suspend a feed: %s", self.partition_id, e)
 
+    @property
+    def mounted_clients(self) -> int:
+        """Clients mounted here on an open connection (their newest mount is kept)."""
+        return self.core.clients_tracked
+
     def disconnect(self, connection: ClientConnection) -> None:
         for sub in [s for s in self.subscriptions if s.connection is connection]:
             self._drop(sub)

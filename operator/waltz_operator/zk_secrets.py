@@ -1,0 +1,104 @@
+"""How the operator itself reaches a cluster's ZooKeeper: with the credential and the
+TLS certificate its spec names (``spec.zookeeper.authSecret`` and ``tlsSecret``), read
+from the Kubernetes API.
+
+The credential is what CreateCluster writes the metadata's ACL with, and what the
+servers write with; the certificate reaches ZooKeeper's TLS port. kazoo reads TLS
+files, so the certificate is written to a private directory (one per Secret, mode
+0600); a rotated Secret gets new files and, through a new ``ZkAccess``, a new connection.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from waltz_client.cluster.acl import ZkCredential
+from waltz_client.tls import TlsFiles
+
+from .desired import ZK_AUTH_KEY
+from .spec import ClusterSpec
+
+TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
+
+
+class SecretProblem(Exception):
+    """A Secret the spec names is missing or unusable; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ZkAccess:
+    credential: ZkCredential | None = None
+    tls: TlsFiles | None = None
+    tls_digest: str = ""  # changes when the certificate does: a new connection
+
+    @property
+    def connect_arguments(self) -> dict[str, Any]:
+        return {"credential": self.credential, "tls": self.tls}
+
+
+def _data(secret: Mapping[str, Any], key: str, where: str) -> bytes:
+    encoded = (secret.get("data") or {}).get(key)
+    if not encoded:
+        raise SecretProblem(f"{where} has no key {key!r}")
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise SecretProblem(f"{where}: key {key!r} is not base64") from None
+
+
+def credential_of(secret: Mapping[str, Any], where: str) -> ZkCredential:
+    """``user:password`` from the Secret's ``credential`` key."""
+    line = _data(secret, ZK_AUTH_KEY, where).decode("utf-8", errors="replace").strip()
+    user, sep, password = line.partition(":")
+    if not sep or not user or not password:
+        raise SecretProblem(f"{where}: key {ZK_AUTH_KEY!r} must hold user:password")
+    return ZkCredential(user, password)
+
+
+def write_tls_files(secret: Mapping[str, Any], where: str, directory: str) -> tuple[TlsFiles, str]:
+    """The Secret's certificate, key and CA as files in ``directory``, and their digest."""
+    blobs = {key: _data(secret, key, where) for key in TLS_KEYS}
+    digest = hashlib.sha256(b"".join(blobs[k] for k in TLS_KEYS)).hexdigest()[:16]
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    paths = {}
+    for key, blob in blobs.items():
+        path = os.path.join(directory, f"{digest}-{key}")
+        if not os.path.exists(path):
+            temporary = f"{path}.tmp"
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(temporary, path)  # whole files only: kazoo may read them any time
+        paths[key] = path
+    return TlsFiles(paths["tls.crt"], paths["tls.key"], paths["ca.crt"]), digest
+
+
+async def zk_access(
+    spec: ClusterSpec,
+    get_secret: Callable[[str, str], Awaitable[Mapping[str, Any] | None]],
+    directory: str,
+) -> ZkAccess:
+    """The operator's way into the cluster's ZooKeeper (nothing special without Secrets)."""
+
+    async def secret(name: str, field: str) -> tuple[Mapping[str, Any], str]:
+        where = f"Secret {spec.namespace}/{name} (spec.zookeeper.{field})"
+        found = await get_secret(spec.namespace, name)
+        if found is None:
+            raise SecretProblem(f"{where} does not exist")
+        return found, where
+
+    credential = None
+    if spec.zk_auth_secret:
+        credential = credential_of(*await secret(spec.zk_auth_secret, "authSecret"))
+    tls, digest = None, ""
+    if spec.zk_tls_secret:
+        found, where = await secret(spec.zk_tls_secret, "tlsSecret")
+        target = os.path.join(directory, spec.namespace, spec.zk_tls_secret)
+        tls, digest = write_tls_files(found, where, target)
+    return ZkAccess(credential, tls, digest)
