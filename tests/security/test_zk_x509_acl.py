@@ -121,6 +121,10 @@ def test_certificate_identities_write_the_metadata_and_anyone_reads_it(tls_zooke
             with pytest.raises(NoAuthError):
                 write()
 
+        # Another certificate is told, in one line, that it may not change the policy.
+        proc = waltz_cluster(zk, pki["waltz-client"], "grant", "x", "--partitions", "0", "--read")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert "error: ZooKeeper refused the change: this connection may not write" in (proc.stderr)
         # The admin's certificate may change the access policy; the node it creates
         # carries the cluster's ACL.
         proc = waltz_cluster(zk, admin_files, "grant", "svc", "--partitions", "0", "--read")

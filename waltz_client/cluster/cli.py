@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 
 from waltz_client.partition_ranges import format_partition_ranges, parse_partition_ranges
 
@@ -182,6 +183,15 @@ def _run(args: argparse.Namespace, func: Callable[[KazooClient, argparse.Namespa
         return func(zk, args)
     except (ClusterError, ValueError) as e:
         print(f"waltz cluster: error: {e}", file=sys.stderr)
+        return 1
+    except NoAuthError:
+        print(
+            f"waltz cluster: error: ZooKeeper refused the change: this connection may not "
+            f"write the metadata at {getattr(args, 'root', 'its root')} (pass "
+            f"--zk-auth-file with the cluster's credential, or --zk-tls-* with a certificate "
+            f"that is one of its writers)",
+            file=sys.stderr,
+        )
         return 1
     finally:
         close(zk)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import threading
@@ -56,11 +57,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     say(f"ready. ZooKeeper: {cluster.zookeeper_connect}, cluster root {cluster.layout.root}")
-    show = f"waltz cluster show -z {cluster.zookeeper_connect} --root {cluster.layout.root}"
-    admin = cluster.zk_tls()
-    if admin is not None:
-        show += f" --zk-tls-cert {admin.cert} --zk-tls-key {admin.key} --zk-tls-ca {admin.ca}"
-    say(f"  {show}")
+    say(f"  admin commands (waltz cluster show, grant, ...) after: {admin_environment(cluster)}")
     if cluster.client_tls is not None:
         tls = cluster.client_tls
         say(f"  TLS: clients use cert {tls.cert}, key {tls.key}, CA {tls.ca}")
@@ -82,3 +79,19 @@ def cmd_up(args: argparse.Namespace) -> int:
         cluster.stop()
         say("stopped")
     return 0
+
+
+def admin_environment(cluster: LocalCluster) -> str:
+    """The ``export`` line that points ``waltz cluster`` at this cluster as its admin
+    (with TLS: the admin certificate and the metadata's write credential)."""
+    env = {"WALTZ_ZOOKEEPER": cluster.zookeeper_connect, "WALTZ_ROOT": cluster.layout.root}
+    if cluster.zk_auth_file:
+        env["WALTZ_ZK_AUTH_FILE"] = cluster.zk_auth_file
+    admin = cluster.zk_tls()
+    if admin is not None:
+        env |= {
+            "WALTZ_ZK_TLS_CERT": str(admin.cert),
+            "WALTZ_ZK_TLS_KEY": str(admin.key),
+            "WALTZ_ZK_TLS_CA": str(admin.ca),
+        }
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
