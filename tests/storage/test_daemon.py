@@ -366,6 +366,11 @@ def test_metrics_follow_appends(storage_node):
     assert sample(m, "waltz_storage_partition_low_water_mark", partition="0") == 6
     assert sample(m, "waltz_storage_partition_available", partition="3") == 1
     assert sample(m, "waltz_storage_partition_size_bytes", partition="0") > sum(map(len, data[:10]))
+    free, size = (
+        sample(m, "waltz_storage_disk_free_bytes"),
+        sample(m, "waltz_storage_disk_size_bytes"),
+    )
+    assert 0 < free <= size
     # The exposition text itself, as a scraper sees it.
     text = storage_node.get("/metrics")[1]
     assert 'waltz_storage_partition_max_transaction_id{partition="0"} 9.0' in text

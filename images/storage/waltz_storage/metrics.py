@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,34 @@ class StorageMetrics:
 
     def watch_partitions(self, source: Callable[[], Iterable[PartitionService]]) -> None:
         self.registry.register(_PartitionCollector(source))
+
+    def watch_disk(self, directory: str) -> None:
+        self.registry.register(_DiskCollector(directory))
+
+
+class _DiskCollector(Collector):
+    """The filesystem of the storage directory, read at scrape time (statvfs: no I/O
+    that could block behind a slow fsync)."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+
+    def collect(self):
+        try:
+            st = os.statvfs(self._directory)
+        except OSError:
+            return
+        free = GaugeMetricFamily(
+            "waltz_storage_disk_free_bytes",
+            "Bytes available to the storage node on its data directory's filesystem",
+        )
+        free.add_metric([], st.f_bavail * st.f_frsize)
+        total = GaugeMetricFamily(
+            "waltz_storage_disk_size_bytes", "Size of the data directory's filesystem"
+        )
+        total.add_metric([], st.f_blocks * st.f_frsize)
+        yield free
+        yield total
 
 
 class _PartitionCollector(Collector):

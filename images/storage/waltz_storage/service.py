@@ -480,6 +480,7 @@ class StorageNode:
         }
         node = cls(directory, control, services, metrics, settings)
         metrics.watch_partitions(lambda: list(node.partitions.values()))
+        metrics.watch_disk(directory)
         return node
 
     @staticmethod
