@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,local,operator,spark]'
+	$(PY) tests/k8s/helm_binary.py >/dev/null  # helm, for the chart's tests
 	touch $(STAMP)
 
 ## run: the demo: a bank on a local cluster (embedded ZooKeeper, 3 storage nodes, 2 servers)
