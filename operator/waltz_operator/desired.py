@@ -420,6 +420,52 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
     return [config_map, service, deployment, budget]
 
 
+# --- network policies -------------------------------------------------------------------
+
+# The operator's pods (the chart's labels), in any namespace: it probes the HTTP ports.
+OPERATOR_PEER = {
+    "namespaceSelector": {},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "waltz-operator"}},
+}
+
+
+def network_policy_objects(spec: ClusterSpec) -> list[Manifest]:
+    """Ingress per tier: storage ports from this cluster's servers only; the client port
+    from ``clientsFrom``; the HTTP ports from ``metricsFrom`` and the operator (an empty
+    list: from anywhere). Disabled, the policies allow everything, so that turning them
+    off needs no deletion."""
+    np = spec.network_policy
+
+    def policy(component: str, ingress: list[dict[str, Any]]) -> Manifest:
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(spec, f"{spec.name}-{component}", component),
+            "spec": {
+                "podSelector": {"matchLabels": selector(spec, component)},
+                "policyTypes": ["Ingress"],
+                "ingress": ingress,
+            },
+        }
+
+    def port(number: int, peers: list[Any]) -> dict[str, Any]:
+        rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": number}]}
+        if peers:
+            rule["from"] = [dict(p) for p in peers]
+        return rule
+
+    if not np.enabled:
+        return [policy("storage", [{}]), policy("server", [{}])]
+    metrics = [*np.metrics_from, OPERATOR_PEER] if np.metrics_from else []
+    servers = [{"podSelector": {"matchLabels": selector(spec, "server")}}]
+    return [
+        policy("storage", [port(STORAGE_PORT, servers), port(STORAGE_HTTP_PORT, metrics)]),
+        policy(
+            "server", [port(SERVER_PORT, list(np.clients_from)), port(SERVER_HTTP_PORT, metrics)]
+        ),
+    ]
+
+
 def desired_objects(spec: ClusterSpec) -> list[Manifest]:
     """Every object the cluster wants, storage first."""
-    return [*storage_objects(spec), *server_objects(spec)]
+    return [*storage_objects(spec), *server_objects(spec), *network_policy_objects(spec)]

@@ -31,6 +31,7 @@ RESOURCES = {
     "StatefulSet": ("apis/apps/v1", "statefulsets"),
     "Deployment": ("apis/apps/v1", "deployments"),
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),
     "WaltzCluster": ("apis/waltz.io/v1alpha1", "waltzclusters"),
 }
 

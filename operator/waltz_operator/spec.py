@@ -61,6 +61,13 @@ class TlsSpec:
 
 
 @dataclass(frozen=True)
+class NetworkPolicySpec:
+    enabled: bool = False
+    clients_from: tuple[Mapping[str, Any], ...] = ()  # NetworkPolicyPeers; empty: anyone
+    metrics_from: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     namespace: str
@@ -75,6 +82,7 @@ class ClusterSpec:
     retain_volumes: bool = True
     paused: bool = False
     tls: TlsSpec = TlsSpec()
+    network_policy: NetworkPolicySpec = NetworkPolicySpec()
     zk_auth_secret: str = ""  # Secret whose ``credential`` key holds user:password
     zk_tls_secret: str = ""  # kubernetes.io/tls Secret for ZooKeeper's TLS port
     # Storage addresses by ordinal when the daemons do not run as pods of this cluster
@@ -155,6 +163,23 @@ def _tls(doc: Any) -> TlsSpec:
     return tls
 
 
+def _network_policy(doc: Any) -> NetworkPolicySpec:
+    if not isinstance(doc, Mapping):
+        raise SpecError("spec.networkPolicy must be an object")
+    peers = {}
+    for key in ("clientsFrom", "metricsFrom"):
+        value = _get(doc, key, list, [], "spec.networkPolicy")
+        for i, peer in enumerate(value):
+            if not isinstance(peer, Mapping):
+                raise SpecError(f"spec.networkPolicy.{key}[{i}] must be an object")
+        peers[key] = tuple(value)
+    return NetworkPolicySpec(
+        enabled=_get(doc, "enabled", bool, False, "spec.networkPolicy"),
+        clients_from=peers["clientsFrom"],
+        metrics_from=peers["metricsFrom"],
+    )
+
+
 def parse(resource: Mapping[str, Any]) -> ClusterSpec:
     """The spec of a WaltzCluster resource (a dict as the API returns it)."""
     meta = resource.get("metadata") or {}
@@ -201,6 +226,7 @@ def parse(resource: Mapping[str, Any]) -> ClusterSpec:
         retain_volumes=_get(spec, "retainVolumes", bool, True, "spec"),
         paused=_get(spec, "paused", bool, False, "spec"),
         tls=_tls(spec.get("tls", {})),
+        network_policy=_network_policy(spec.get("networkPolicy", {})),
         zk_auth_secret=_get(zk, "authSecret", str, "", "spec.zookeeper"),
         zk_tls_secret=_get(zk, "tlsSecret", str, "", "spec.zookeeper"),
     )

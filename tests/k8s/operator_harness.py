@@ -37,6 +37,7 @@ RESOURCES = {
     "apps/v1/statefulsets": ("StatefulSet", True, {"status", "scale"}),
     "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, {"status"}),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, set()),
     WZ: ("WaltzCluster", True, {"status", "scale"}),
 }
 

@@ -42,6 +42,15 @@ SPECS = {
     "one-replica": resource(replicasPerPartition=1, storage={"replicas": 1}),
     "five-replicas": resource(replicasPerPartition=5, storage={"replicas": 7}),
     "drop-volumes": resource(retainVolumes=False, image={"pullSecrets": ["a", "b"]}),
+    "network-policy": resource(
+        networkPolicy={
+            "enabled": True,
+            "clientsFrom": [{"podSelector": {"matchLabels": {"role": "payments"}}}],
+            "metricsFrom": [
+                {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}},
+            ],
+        }
+    ),
     "tls": {
         **EXAMPLES["waltzcluster-tls"],
         "metadata": {**EXAMPLES["waltzcluster-tls"]["metadata"], "namespace": "prod"},
@@ -293,3 +302,33 @@ def test_without_tls_no_secret_is_mounted():
         assert not [v for v in pod["volumes"] if "secret" in v]
     for data in (m["data"] for m in objects["ConfigMap"]):
         assert not [k for k in data if "TLS" in k or "AUTH" in k]
+
+
+def test_network_policies_allow_only_the_links_each_tier_needs():
+    objects = by_kind(desired_objects(parse(SPECS["network-policy"])))
+    policies = {p["metadata"]["name"]: p["spec"] for p in objects["NetworkPolicy"]}
+    storage, server = policies["demo-storage"], policies["demo-server"]
+    assert storage["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "storage"
+    assert storage["policyTypes"] == ["Ingress"]
+    by_port = {r["ports"][0]["port"]: r.get("from") for r in storage["ingress"]}
+    servers = {"podSelector": {"matchLabels": selector_labels("server")}}
+    assert by_port[55280] == [servers]  # the storage protocol: this cluster's servers only
+    operator = {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "waltz-operator"}},
+    }
+    monitoring = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
+    assert by_port[55281] == [monitoring, operator]
+    by_port = {r["ports"][0]["port"]: r.get("from") for r in server["ingress"]}
+    assert by_port[55180] == [{"podSelector": {"matchLabels": {"role": "payments"}}}]
+    assert by_port[55181] == [monitoring, operator]
+    assert len(storage["ingress"]) == len(server["ingress"]) == 2  # no other port
+
+
+def test_without_network_policy_the_policies_allow_everything():
+    objects = by_kind(desired_objects(parse(SPECS["minimal"])))
+    assert [p["spec"]["ingress"] for p in objects["NetworkPolicy"]] == [[{}], [{}]]
+
+
+def selector_labels(component: str) -> dict:
+    return {"app.kubernetes.io/instance": "demo", "app.kubernetes.io/component": component}
