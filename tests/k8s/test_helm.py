@@ -289,3 +289,25 @@ def test_the_values_schema_covers_every_value():
 
     walk(values, schema, "")
     jsonschema.validate(values, schema)
+
+
+def test_network_policies_cover_the_operator_zookeeper_and_the_cluster():
+    kinds = by_kind(render("--values", str(CHART / "ci" / "cluster-values.yaml")))
+    policies = {p["metadata"]["name"]: p["spec"] for p in kinds["NetworkPolicy"]}
+    zookeeper = policies["rel-zookeeper"]
+    assert zookeeper["ingress"][0] == {"ports": [{"protocol": "TCP", "port": 2181}]}
+    assert zookeeper["ingress"][1]["from"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "zookeeper",
+        "app.kubernetes.io/instance": "rel",
+    }
+    assert policies["rel-waltz-operator"]["ingress"] == [
+        {"ports": [{"protocol": "TCP", "port": 8080}]}
+    ]
+    (cluster,) = kinds["WaltzCluster"]
+    assert cluster["spec"]["networkPolicy"] == {"enabled": True}
+    production = by_kind(render("--values", str(CHART / "ci" / "production-values.yaml")))
+    spec = production["WaltzCluster"][0]["spec"]["networkPolicy"]
+    assert spec["clientsFrom"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "payments"}}}
+    ]
+    assert "NetworkPolicy" not in by_kind(render())  # off by default
