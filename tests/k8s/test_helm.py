@@ -26,7 +26,34 @@ VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 KUBERNETES = ["1.30.0", "1.34.0"]
 # Kinds of CRDs that kubernetes-validate does not know: checked elsewhere (WaltzCluster
 # here against our CRD; the monitoring kinds in test_monitoring.py).
-CUSTOM_KINDS = {"WaltzCluster", "PodMonitor", "ServiceMonitor", "PrometheusRule"}
+CUSTOM_KINDS = {
+    "WaltzCluster",
+    "PodMonitor",
+    "ServiceMonitor",
+    "PrometheusRule",
+    "Certificate",
+    "Issuer",
+}
+# The fields of cert-manager's resources the chart uses (cert-manager.io/v1).
+CERT_MANAGER_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "cert-manager.io/v1"},
+        "spec": {
+            "type": "object",
+            "properties": {
+                "secretName": {"type": "string", "minLength": 1},
+                "issuerRef": {"type": "object", "required": ["name"]},
+                "dnsNames": {"type": "array", "items": {"type": "string"}},
+                "usages": {
+                    "type": "array",
+                    "items": {"enum": ["server auth", "client auth", "digital signature"]},
+                },
+            },
+        },
+    },
+}
 CRD = yaml.safe_load((ROOT / "crds" / "waltzclusters.yaml").read_text())
 WALTZ_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
@@ -78,6 +105,8 @@ def test_every_rendered_manifest_is_valid(values):
             for made in desired_objects(parse(resource)):
                 for version in KUBERNETES:
                     kubernetes_validate.validate(made, version, strict=True)
+        elif obj["kind"] in ("Certificate", "Issuer"):
+            jsonschema.validate(obj, CERT_MANAGER_SCHEMA)
         elif obj["kind"] not in CUSTOM_KINDS:
             for version in KUBERNETES:
                 kubernetes_validate.validate(obj, version, strict=True)
@@ -311,3 +340,41 @@ def test_network_policies_cover_the_operator_zookeeper_and_the_cluster():
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "payments"}}}
     ]
     assert "NetworkPolicy" not in by_kind(render())  # off by default
+
+
+def test_cert_manager_issues_the_clusters_certificates():
+    kinds = by_kind(render("--values", str(CHART / "ci" / "cert-manager-values.yaml")))
+    certificates = {c["metadata"]["name"]: c["spec"] for c in kinds["Certificate"]}
+    storage = certificates["waltz-storage-tls"]
+    # Servers check storage host names against the replica assignment's addresses.
+    assert "*.waltz-storage.waltz.svc" in storage["dnsNames"]
+    assert certificates["waltz-server-tls"]["commonName"] == "waltz-server"  # allowed peer
+    assert certificates["waltz-check-tls"]["usages"] == ["client auth"]
+    assert certificates["rel-waltz-ca"]["isCA"] is True
+    assert storage["issuerRef"] == {
+        "name": "rel-waltz-ca",
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
+    (cluster,) = kinds["WaltzCluster"]
+    assert cluster["spec"]["tls"]["storageSecret"] == "waltz-storage-tls"
+    assert cluster["spec"]["tls"]["serverSecret"] == "waltz-server-tls"
+    (job,) = kinds["Job"]
+    volumes = job["spec"]["template"]["spec"]["volumes"]
+    assert {
+        "name": "tls",
+        "secret": {"secretName": "waltz-check-tls", "defaultMode": 0o440},
+    } in volumes
+    # With an issuer of one's own, no CA is made.
+    own = by_kind(
+        render(
+            "--values",
+            str(CHART / "ci" / "cert-manager-values.yaml"),
+            "--set",
+            "cluster.certManager.issuerRef.name=corp-ca",
+            "--set",
+            "cluster.certManager.issuerRef.kind=ClusterIssuer",
+        )
+    )
+    assert "Issuer" not in own
+    assert {c["spec"]["issuerRef"]["name"] for c in own["Certificate"]} == {"corp-ca"}

@@ -66,3 +66,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "waltz.bundledZookeeper" -}}
 {{- if and (not .Values.zookeeper.connect) .Values.zookeeper.bundled.enabled -}}true{{- end -}}
 {{- end -}}
+
+
+{{/* The cluster's TLS Secrets: given, or issued by cert-manager (empty: no TLS). */}}
+{{- define "waltz.storageTlsSecret" -}}
+{{- if .Values.cluster.tls.storageSecret -}}{{ .Values.cluster.tls.storageSecret }}
+{{- else if .Values.cluster.certManager.enabled -}}{{ printf "%s-storage-tls" .Values.cluster.name }}
+{{- end -}}
+{{- end -}}
+
+{{- define "waltz.serverTlsSecret" -}}
+{{- if .Values.cluster.tls.serverSecret -}}{{ .Values.cluster.tls.serverSecret }}
+{{- else if .Values.cluster.certManager.enabled -}}{{ printf "%s-server-tls" .Values.cluster.name }}
+{{- end -}}
+{{- end -}}
+
+{{- define "waltz.testTlsSecret" -}}
+{{- if .Values.test.tlsSecret -}}{{ .Values.test.tlsSecret }}
+{{- else if .Values.cluster.certManager.enabled -}}{{ printf "%s-check-tls" .Values.cluster.name }}
+{{- end -}}
+{{- end -}}
