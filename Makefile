@@ -48,3 +48,27 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .waltz-local
+
+## images: the storage, server, operator and Spark job images, with `docker build`, tagged
+## $(IMAGE_REPOSITORY)/waltz-<component>:$(IMAGE_TAG) (docs/kubernetes.md#images). Without
+## a docker command or a Docker engine answering, says so in one line and succeeds.
+IMAGE_REPOSITORY ?= ghcr.io/waltz-io
+WALTZ_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_TAG ?= $(WALTZ_VERSION)
+IMAGE_DOCKERFILES := storage=images/storage/Dockerfile server=images/server/Dockerfile \
+	operator=operator/Dockerfile spark=images/spark/Dockerfile
+
+.PHONY: images
+images:
+	@if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then \
+	  echo "Docker is not available (no docker command, or no engine answering): images not built"; \
+	  exit 0; \
+	fi; \
+	revision=$$(git rev-parse HEAD 2>/dev/null || true); \
+	for pair in $(IMAGE_DOCKERFILES); do \
+	  component=$${pair%%=*}; dockerfile=$${pair#*=}; \
+	  echo "building $(IMAGE_REPOSITORY)/waltz-$$component:$(IMAGE_TAG) ($$dockerfile)"; \
+	  docker build -f $$dockerfile \
+	    --build-arg VERSION=$(WALTZ_VERSION) --build-arg REVISION=$$revision \
+	    -t $(IMAGE_REPOSITORY)/waltz-$$component:$(IMAGE_TAG) . || exit 1; \
+	done

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from .memory_trim import MemoryTrimmer
+
 MiB = 1024 * 1024
 
 
@@ -74,6 +76,8 @@ class PeerGuard:
         self._paused: dict[GuardedConnection, None] = {}
         self._finishing: GuardedConnection | None = None  # reads on past the budget
         self._sweeper: asyncio.Task[None] | None = None
+        # Gives back to the OS what closed connections made the daemon hold.
+        self.trimmer = MemoryTrimmer()
 
     def admit(self, conn: GuardedConnection) -> bool:
         """Count a new connection in; False when the daemon is at its cap."""
@@ -86,6 +90,7 @@ class PeerGuard:
         """A connection closed holding ``partial`` bytes of a frame."""
         self.connections.discard(conn)
         self.partial_changed(conn, -partial)
+        self.trimmer.soon()
 
     def partial_changed(self, conn: GuardedConnection, delta: int) -> None:
         """Stop reading a connection that grows a partial frame past the budget; resume
@@ -126,6 +131,7 @@ class PeerGuard:
         self._sweeper = asyncio.get_running_loop().create_task(self._enforce_deadlines(every))
 
     async def stop(self) -> None:
+        self.trimmer.cancel()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -7,7 +7,27 @@
 See docs/spark.md. The core client never imports this package (nor pyspark).
 """
 
-from .options import WaltzOptionError
-from .source import WaltzDataSource
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .options import WaltzOptionError
+    from .source import WaltzDataSource
 
 __all__ = ["WaltzDataSource", "WaltzOptionError"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: pyspark and pyarrow come with the ``spark`` extra, and
+    # importing a submodule (the ``waltz`` command finds its Spark subcommands here)
+    # must not need them.
+    if name == "WaltzDataSource":
+        from .source import WaltzDataSource
+
+        return WaltzDataSource
+    if name == "WaltzOptionError":
+        from .options import WaltzOptionError
+
+        return WaltzOptionError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
