@@ -75,9 +75,11 @@ def test_unopened_connections_cannot_make_the_node_buffer_large_frames(storage_n
         assert "exceeds the maximum of 65536 bytes" in failure.message
 
 
-def test_reads_whose_replies_are_never_read_stop_being_read(storage_node):
+@pytest.mark.parametrize("writes", ["one write per request", "all in one write"])
+def test_reads_whose_replies_are_never_read_stop_being_read(storage_node, writes):
     """120 reads of ~8 MiB each on a connection that reads nothing back: the node stops
-    reading that connection instead of holding ~1 GB of replies."""
+    reading that connection instead of holding ~1 GB of replies. Sent in one write, the
+    requests reach the node in a few socket reads: it must not answer all of them."""
 
     async def go() -> int:
         async with await storage_node.client() as good:
@@ -85,9 +87,13 @@ def test_reads_whose_replies_are_never_read_stop_being_read(storage_node):
                 await good.append(SESSION, 0, records(first, 8, 256 * 1024))
             before = rss_bytes(storage_node.pid)
             _, writer = await raw_connect(storage_node)
-            writer.write(OpenRequest(-1, 0, -1, storage_node.key, 4).encode())
-            for seq in range(1, 121):
-                writer.write(RecordListRequest(SESSION, seq, 0, 0, 64).encode())
+            frames = [OpenRequest(-1, 0, -1, storage_node.key, 4).encode()]
+            frames += [RecordListRequest(SESSION, seq, 0, 0, 64).encode() for seq in range(1, 121)]
+            if writes == "all in one write":
+                writer.write(b"".join(frames))
+            else:
+                for frame in frames:
+                    writer.write(frame)
             await asyncio.sleep(3)  # the node works through what it can
             # Still answered meanwhile: another connection, the same partition.
             await check_serves(storage_node, good)

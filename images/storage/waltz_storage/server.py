@@ -6,7 +6,8 @@ batch to ``PartitionService.process`` on a thread (file I/O and fsync never
 block the event loop) and writes the responses back in order. A connection
 stops reading its socket while it has too many requests (or bytes) queued, while its
 unsent responses exceed a limit (a peer that does not read), or while the frames
-partly received on all connections together exceed a budget.
+partly received on all connections together exceed a budget; frames it has already
+received wait, undispatched, until it reads again.
 
 Bounds against a hostile or broken peer: a connection cap; small frames until Open
 has checked the cluster key; a deadline for the handshake and Open; a deadline for
@@ -165,6 +166,9 @@ class StorageConnection(asyncio.Protocol):
         self._write_blocked = False  # the peer is not reading its responses
         self._over_budget = False  # partial frames of all connections over the budget
         self._reading_paused = False
+        # Frames received but not yet dispatched: one socket read can hold hundreds of
+        # requests, and they wait here (the socket unread) while something says stop.
+        self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
         self._frame = FrameProgress(server.guard, self)
         self.connected_at = time.monotonic()
         self.peer = "?"
@@ -205,6 +209,7 @@ class StorageConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._backlog.clear()
         self._server.guard.forget(self, self._frame.partial)
 
     def pause_writing(self) -> None:
@@ -213,14 +218,14 @@ class StorageConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_blocked = False
-        self._update_reading()
+        self._work_through_backlog()
 
     def _update_reading(self) -> None:
         """Read the socket only while nothing says stop."""
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        stop = self._paused or self._write_blocked or self._over_budget
+        stop = self._paused or self._write_blocked or self._over_budget or bool(self._backlog)
         if stop and not self._reading_paused:
             self._reading_paused = True
             transport.pause_reading()
@@ -274,13 +279,28 @@ class StorageConnection(asyncio.Protocol):
             self._handshake(data)
             return
         try:
-            frames = self._decoder.feed(data)
+            self._backlog.extend(self._decoder.feed(data))
             self._frame.update(self._decoder.buffered)
-            for message_type, body in frames:
+        except ProtocolError as e:
+            self._reject(f"{type(e).__name__}: {e}")
+            return
+        self._work_through_backlog()
+
+    def _work_through_backlog(self) -> None:
+        """Dispatch the frames received, in order, until something says stop (too much
+        queued, replies unread); the rest wait, and the socket is not read meanwhile."""
+        backlog = self._backlog
+        try:
+            while backlog and self._transport is not None:
+                if self._paused or self._write_blocked:
+                    break
+                message_type, body = backlog.popleft()
                 request = decode_request(message_type, body, self._settings.limits)
                 self._dispatch(request, len(body) + 5)
         except ProtocolError as e:
             self._reject(f"{type(e).__name__}: {e}")
+            return
+        self._update_reading()
 
     # --- handshake, dispatch, responses -------------------------------------------------
 
@@ -371,7 +391,7 @@ class StorageConnection(asyncio.Protocol):
             and self._queued_bytes <= self._settings.queue_max_bytes // 2
         ):
             self._paused = False
-            self._update_reading()
+            self._work_through_backlog()
 
     def _send(self, response: StorageMessage) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -391,6 +411,7 @@ class StorageConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
         self._decoder = FrameDecoder(self._settings.max_frame_bytes)  # drop buffered input
+        self._backlog.clear()
 
 
 class StorageServer:
