@@ -100,7 +100,11 @@ def cluster(make_cluster):
     return make_cluster(partitions=1)
 
 
-def test_read_range_replies_never_read_do_not_pile_up(cluster):
+@pytest.mark.parametrize("writes", ["one write per request", "all in one write"])
+def test_read_range_replies_never_read_do_not_pile_up(cluster, writes):
+    """150 Read Ranges of 8 MiB whose replies are never read. Sent in one write, they
+    reach the server in a few socket reads: it must not start all of them."""
+
     async def go() -> int:
         async with WaltzClient(config(cluster)) as client:
             for i in range(32):  # 32 MiB of data
@@ -109,9 +113,15 @@ def test_read_range_replies_never_read_do_not_pile_up(cluster):
         before = rss_bytes(pid)
         _, writer = await raw_connect(cluster)
         generation = cluster.ownership()[0][1]
-        for seq in range(150):
-            q = ReqId(1, generation, 0, seq)
-            writer.write(ReadRangeRequest(q, 0, 1000, 8 * MiB).encode())
+        frames = [
+            ReadRangeRequest(ReqId(1, generation, 0, seq), 0, 1000, 8 * MiB).encode()
+            for seq in range(150)
+        ]
+        if writes == "all in one write":
+            writer.write(b"".join(frames))
+        else:
+            for frame in frames:
+                writer.write(frame)
         await asyncio.sleep(5)
         await still_served(cluster, 32)
         grown = rss_bytes(pid) - before

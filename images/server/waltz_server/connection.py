@@ -118,7 +118,12 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._hello = bytearray()
         self._decoder: FrameDecoder | None = None
         self._mounted: dict[tuple[int, int], int] = {}  # (client, partition) -> connection seq
-        self._pauses = 0
+        self._pauses = 0  # reasons to stop taking requests
+        self._socket_paused = False
+        # Frames received but not yet dispatched: one socket read can hold hundreds of
+        # requests, and they wait here (the socket unread) while something says stop.
+        self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._backlog_drain: asyncio.Handle | None = None
         self._writable = asyncio.Event()
         self._writable.set()
         self._tasks: set[asyncio.Task] = set()
@@ -134,12 +139,26 @@ class ClientConnectionHandler(asyncio.Protocol):
 
     def pause_reading(self) -> None:
         self._pauses += 1
-        if self._pauses == 1 and self._transport is not None:
-            self._transport.pause_reading()
+        self._sync_socket()
 
     def resume_reading(self) -> None:
         self._pauses = max(0, self._pauses - 1)
-        if self._pauses == 0 and self._transport is not None and not self.closed:
+        if self._pauses == 0 and self._backlog and self._backlog_drain is None:
+            # Not here: a partition resumes its connections while iterating over them,
+            # and dispatching may pause one again.
+            self._backlog_drain = asyncio.get_running_loop().call_soon(self._work_through_backlog)
+        self._sync_socket()
+
+    def _sync_socket(self) -> None:
+        """Read the socket only while nothing says stop and no received frame waits."""
+        if self._transport is None or self.closed:
+            return
+        stop = self._pauses > 0 or bool(self._backlog)
+        if stop and not self._socket_paused:
+            self._socket_paused = True
+            self._transport.pause_reading()
+        elif not stop and self._socket_paused:
+            self._socket_paused = False
             self._transport.resume_reading()
             self._frame.restart_clock()  # a frame's deadline counts while we read
 
@@ -213,6 +232,9 @@ class ClientConnectionHandler(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._backlog.clear()
+        if self._backlog_drain is not None:
+            self._backlog_drain.cancel()
         self._transport = None
         self._writable.set()
         for task in self._tasks:
@@ -241,14 +263,26 @@ class ClientConnectionHandler(asyncio.Protocol):
             self._handshake(data)
             return
         try:
-            frames = self._decoder.feed(data)
+            self._backlog.extend(self._decoder.feed(data))
             self._frame.update(self._decoder.buffered)
-            for message_type, body in frames:
-                self._admit(decode_client_request(message_type, body, self._max_data_bytes))
-                if self.closed:
-                    return
         except ProtocolError as e:
             self._reject(f"{type(e).__name__}: {e}")
+            return
+        self._work_through_backlog()
+
+    def _work_through_backlog(self) -> None:
+        """Take the frames received, in order, until something says stop (reads or
+        replies in flight, a full partition queue); the rest wait, the socket unread."""
+        self._backlog_drain = None
+        backlog = self._backlog
+        try:
+            while backlog and not self.closed and self._pauses == 0:
+                message_type, body = backlog.popleft()
+                self._admit(decode_client_request(message_type, body, self._max_data_bytes))
+        except ProtocolError as e:
+            self._reject(f"{type(e).__name__}: {e}")
+            return
+        self._sync_socket()
 
     def _reject(self, reason: str) -> None:
         peer_warnings.warning("closing client connection %s: %s", self.peer, reason)
