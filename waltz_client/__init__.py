@@ -6,7 +6,14 @@ __version__ = "0.1.0"
 
 from .blocking import BlockingWaltzClient
 from .callbacks import WaltzClientCallbacks
-from .client import Forbidden, SubmitResult, SubmitStatus, WaltzClient, WaltzError
+from .client import (
+    Forbidden,
+    MissingTransactions,
+    SubmitResult,
+    SubmitStatus,
+    WaltzClient,
+    WaltzError,
+)
 from .config import WaltzClientConfig, WaltzConfigError
 from .dbapi import DatabaseCallbacks
 from .transaction import Lock, Transaction, TransactionBuilder, TransactionContext
@@ -16,6 +23,7 @@ __all__ = [
     "DatabaseCallbacks",
     "Forbidden",
     "Lock",
+    "MissingTransactions",
     "SubmitResult",
     "SubmitStatus",
     "Transaction",

@@ -20,6 +20,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -116,6 +117,15 @@ class MissingTransactions(WaltzError):
         self.first_available = first_available
 
 
+_FIRST_AVAILABLE = re.compile(r"first available is (\d+)")
+
+
+def truncated(partition_id: int, requested: int, answer: ErrorResponse) -> MissingTransactions:
+    """The server's TRUNCATED answer as an exception (its message names the log start)."""
+    m = _FIRST_AVAILABLE.search(answer.message)
+    return MissingTransactions(partition_id, requested, int(m.group(1)) if m else requested + 1)
+
+
 @dataclass(eq=False)
 class _Submission:
     context: TransactionContext
@@ -143,7 +153,9 @@ class _Partition:
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # stream messages, in order
     monitor: TransactionMonitor[_Submission] = field(default_factory=TransactionMonitor)
     mount_answer: asyncio.Future | None = None
-    # Why the partition's last mount was refused (FORBIDDEN); set until a mount succeeds.
+    # Why the partition's last mount was refused (FORBIDDEN, TRUNCATED); set until a
+    # mount succeeds.
+    refusal_error: WaltzError | None = None
     refusal: str | None = None
     refused: asyncio.Event = field(default_factory=asyncio.Event)
     # Flush ReqId -> (appends pending when it was sent, the mount it was sent under, answer)
@@ -392,10 +404,21 @@ class WaltzClient:
                 state.remount.clear()
                 conn.send(MountRequest(q, hwm, link.stream_seq))
                 status = await asyncio.wait_for(state.mount_answer, self.config.mount_timeout)
-            except Forbidden as e:  # the policy may change: try again, a little later
+            except (Forbidden, MissingTransactions) as e:
+                # The policy may change, the application may restore from a snapshot: try
+                # again, a little later; meanwhile appends fail with the reason.
                 if state.refusal != str(e):
-                    log.warning("partition %d: %s", p, e)
+                    if isinstance(e, MissingTransactions):
+                        log.error(
+                            "partition %d: cannot mount: the application's high-water mark "
+                            "is below the log start: %s",
+                            p,
+                            e,
+                        )
+                    else:
+                        log.warning("partition %d: %s", p, e)
                 state.refusal = str(e)
+                state.refusal_error = e
                 state.refused.set()
                 await asyncio.sleep(max(backoff, 1.0))
                 backoff = min(2.0, backoff * 2)
@@ -408,6 +431,7 @@ class WaltzClient:
             if status == MountStatus.READY:
                 backoff = self.config.retry_backoff
                 state.refusal = None
+                state.refusal_error = None
                 state.refused.clear()
                 state.ready.set()
                 await state.remount.wait()
@@ -482,8 +506,12 @@ class WaltzClient:
                 state.remount.set()
             case ErrorResponse(req_id=q) if q == state.mount_req:
                 if state.mount_answer is not None and not state.mount_answer.done():
-                    error = Forbidden if m.code == ErrorCode.FORBIDDEN else WaltzError
-                    state.mount_answer.set_exception(error(f"mount: {m.code.name}: {m.message}"))
+                    if m.code == ErrorCode.TRUNCATED:
+                        error = truncated(state.partition_id, state.applied + 1, m)
+                    else:
+                        kind = Forbidden if m.code == ErrorCode.FORBIDDEN else WaltzError
+                        error = kind(f"mount: {m.code.name}: {m.message}")
+                    state.mount_answer.set_exception(error)
             case ErrorResponse(req_id=q) if q in state.monitor:
                 refused = state.monitor.refused(q, f"{m.code.name}: {m.message}")
                 if refused is not None:
@@ -664,7 +692,7 @@ class WaltzClient:
         """Until the partition is mounted; Forbidden if the access policy refuses it."""
         while not state.ready.is_set():
             if state.refusal is not None:
-                raise Forbidden(state.refusal)
+                raise state.refusal_error or Forbidden(state.refusal)
             ready = asyncio.ensure_future(state.ready.wait())
             refused = asyncio.ensure_future(state.refused.wait())
             try:
@@ -735,7 +763,13 @@ class WaltzClient:
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _rpc(self, partition_id: int, make: Callable[[ReqId], ClientMessage]):
+    async def _rpc(
+        self,
+        partition_id: int,
+        make: Callable[[ReqId], ClientMessage],
+        *,
+        requested: int = 0,  # the transaction asked for (for a TRUNCATED answer)
+    ):
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout
         backoff = self.config.retry_backoff
         last = "no owner"
@@ -768,6 +802,8 @@ class WaltzClient:
                     ErrorCode.NOT_READY,
                     ErrorCode.STORAGE_UNAVAILABLE,
                 ):
+                    if answer.code == ErrorCode.TRUNCATED:
+                        raise truncated(partition_id, requested, answer)
                     raise (Forbidden if answer.code == ErrorCode.FORBIDDEN else WaltzError)(last)
             await asyncio.sleep(backoff)
             backoff = min(2.0, backoff * 2)
@@ -779,7 +815,11 @@ class WaltzClient:
         return answer.transaction_id
 
     async def transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
-        answer = await self._rpc(partition_id, lambda q: TransactionDataRequest(q, transaction_id))
+        answer = await self._rpc(
+            partition_id,
+            lambda q: TransactionDataRequest(q, transaction_id),
+            requested=transaction_id,
+        )
         assert isinstance(answer, TransactionDataResponse)
         if answer.data is None:
             raise LookupError(answer.error)

@@ -271,6 +271,7 @@ def test_show_key_and_list(cli, zk, zookeeper, zk_root) -> None:
             "session_id": 9,
             "replicas": {"s1:9000": {"session_id": 9, "closing_high_water_mark": -1}},
             "members": [],
+            "log_start": 0,
             "owner": "srv-0",
             "owner_generation": 2,
         }

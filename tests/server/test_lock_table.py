@@ -31,6 +31,44 @@ def test_reset_makes_every_lock_as_new_as_the_log():
     assert table.conflict(50, [7]) is None
 
 
+def test_reset_covers_the_locks_of_transactions_it_drops():
+    table = LockTable(size=1 << 16)
+    table.commit(5, [1])
+    table.commit(60, [2])  # assigned, never committed: the recovery below drops it
+    table.reset(50)
+    assert table.estimate(1) == table.estimate(2) == table.estimate(3) == 50
+    table.commit(51, [2])  # 51 is given again, to another transaction
+    assert table.estimate(2) == 51 and table.estimate(1) == 50
+
+
+def test_reset_below_the_current_mark_rewrites_the_table():
+    table = LockTable(size=64)
+    table.commit(30, [1])
+    table.settled(30)
+    table.reset(40)
+    table.reset(20)  # not in a running cluster (the committed prefix never shrinks)
+    assert table.estimate(1) == table.estimate(2) == 20
+
+
+def test_truncate_keeps_the_table_and_forgets_only_the_dropped_transactions():
+    table = LockTable(size=1 << 16)
+    table.reset(4)
+    table.commit(5, [1])
+    table.commit(6, [2])
+    table.settled(6)  # 5 and 6 committed
+    table.commit(7, [3])  # in flight when the session ended; the recovery kept it
+    table.commit(8, [1, 4])  # in flight; the recovery dropped it
+    table.truncate(7)
+    assert table.estimate(2) == 6  # kept exactly: a client at 6 does not conflict
+    assert table.estimate(3) == 7
+    # Taken by the dropped 8: lowered to the mark (8 is given again, to another
+    # transaction), not to what it was before (the table does not know it).
+    assert table.estimate(1) == table.estimate(4) == 7
+    assert table.estimate(5) == 4  # never taken: the last reset
+    assert table.conflict(6, [2, 5]) is None
+    assert table.conflict(6, [1]) == 7
+
+
 def test_invalid_sizes_are_refused():
     with pytest.raises(ValueError):
         LockTable(size=0)
@@ -75,3 +113,52 @@ def test_large_table_has_no_false_conflicts_for_distinct_locks():
     # slots with 3 hashes do not raise a minimum.
     exact = sum(table.estimate(h) == h for h in range(1000))
     assert exact >= 995
+
+
+@given(
+    hashes=st.integers(1, 3),
+    events=st.lists(
+        st.one_of(
+            st.tuples(st.just("take"), st.lists(st.integers(0, 5), max_size=3)),
+            st.tuples(st.just("commit"), st.integers(0, 3)),
+            st.tuples(st.just("truncate"), st.integers(0, 3)),
+            st.tuples(st.just("reset"), st.integers(0, 3)),
+        ),
+        max_size=40,
+    ),
+)
+def test_sessions_that_keep_or_reset_the_table_match_a_model(hashes, events):
+    """Appends take locks at assignment; some commit; a new session keeps the table
+    (truncate) or resets it, at a recovered mark between the committed and the assigned
+    ends. Against a per-lock model (no collisions in a large table): the estimate is the
+    last transaction that still exists and took the lock, or the mark of a reset, or the
+    mark of a truncation that dropped one that took it, whichever is newest."""
+    table = LockTable(size=1 << 20, hashes=hashes)
+    log: list[tuple[int, list[int]]] = []  # assigned transactions that still exist
+    committed = -1
+    floor = -1
+    lowered: dict[int, int] = {}  # lock -> mark of the last truncation that dropped a taker
+    for kind, arg in events:
+        assigned = log[-1][0] if log else committed
+        if kind == "take":
+            table.commit(assigned + 1, arg)
+            log.append((assigned + 1, arg))
+        elif kind == "commit":
+            committed = min(assigned, committed + arg)
+            table.settled(committed)
+        else:
+            mark = min(assigned, committed + arg)  # the recovery keeps at least the committed
+            for txid, locks in log:
+                if txid > mark:
+                    for h in locks:
+                        lowered[h] = mark
+            log = [(t, locks) for t, locks in log if t <= mark]
+            committed = mark
+            if kind == "truncate":
+                table.truncate(mark)
+            else:
+                table.reset(mark)
+                floor = mark
+        for h in range(6):
+            taken = max((t for t, locks in log if h in locks), default=-1)
+            assert table.estimate(h) == max(taken, floor, lowered.get(h, -1)), (h, events)

@@ -160,6 +160,38 @@ def test_the_checkpoint_interval_starts_new_store_sessions(make_cluster):
     wait_for(lambda: metric(cluster, "waltz_server_partition_sessions_total") >= 3, 30, "rollover")
 
 
+def test_a_new_session_on_the_same_server_keeps_the_lock_table(make_cluster):
+    """The checkpoint interval ends a session; the next one runs on the same server,
+    which ran the session that wrote last: it keeps its lock table, so a client behind
+    the new session's mark conflicts only on the locks taken after its own mark (a
+    reset would fail every locked append of such a client)."""
+    cluster = make_cluster(server_args=["--checkpoint-interval", "20"])
+
+    async def scenario() -> None:
+        client = PartitionClient(cluster, 0)
+        await client.mount()
+        client.append(b"a", write_locks=(1,))  # transaction 0
+        for i in range(30):  # 1..30 (append locks: taken, not checked)
+            client.append(b"b-%d" % i, append_locks=(2,))
+        await client.flush()
+        assert client.high_water_mark == 30 and not client.lock_failures
+        await asyncio.to_thread(
+            wait_for,
+            lambda: metric(cluster, "waltz_server_partition_sessions_total") >= 2,
+            30,
+            "a new session",
+        )
+        # Computed against transaction 0 only.
+        untouched = client.append(b"c", write_locks=(1,), client_high_water_mark=0)
+        retaken = client.append(b"d", write_locks=(2,), client_high_water_mark=0)
+        await client.flush()
+        assert untouched in client.committed()
+        assert client.lock_failures == {retaken: 30}
+        await client.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_paused_replica_is_left_behind_and_rejoins_when_it_wakes(make_cluster):
     cluster = make_cluster(server_args=["--storage-timeout", "2"])
 

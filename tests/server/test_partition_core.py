@@ -101,6 +101,23 @@ def test_a_new_session_resets_every_lock_to_the_recovered_mark():
     assert append(core, write=(99,), hwm=20) == Assigned(21)
 
 
+def test_a_new_session_that_keeps_the_locks_forgets_only_what_the_recovery_dropped():
+    """The partition ran the session that wrote last (a planned end, a lost replica):
+    every transaction up to the mark took its locks in this table, so it is kept."""
+    core = opened(9)
+    assert append(core, write=(42,)) == Assigned(10)
+    assert append(core, write=(43,), hwm=10) == Assigned(11)
+    core.committed(10)
+    core.session_opened(10, keep_locks=True)  # 11 was not committed: dropped
+    assert core.next_transaction_id == 11
+    # A client behind the mark conflicts only on what was taken after its own mark
+    # (here 9, the mark the table was reset to when this object's first session opened).
+    assert append(core, write=(99,), hwm=9) == Assigned(11)
+    assert append(core, write=(42,), hwm=9) == LockConflict(10)
+    # 43 was taken by the dropped 11: it reads as the mark, not as the new 11.
+    assert append(core, write=(43,), hwm=10) == Assigned(12)
+
+
 def test_a_mount_resolves_once_everything_queued_before_it_commits():
     core = opened(9)
     append(core)

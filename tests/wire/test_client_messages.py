@@ -266,6 +266,7 @@ def test_status_and_error_codes():
         "LIMIT_EXCEEDED": 7,
         "UNAUTHORIZED": 8,
         "FORBIDDEN": 9,
+        "TRUNCATED": 10,
     }
 
 
@@ -1070,7 +1071,7 @@ def test_unknown_mount_status(code):
         decode_server_response(1, REQ_BYTES + bytes([code]))
 
 
-@pytest.mark.parametrize("code", [0, 10, 127, 255])
+@pytest.mark.parametrize("code", [0, 11, 127, 255])
 def test_unknown_error_code(code):
     with pytest.raises(MalformedMessage, match=rf"^ErrorResponse: unknown code {code}$"):
         decode_server_response(15, REQ_BYTES + bytes([code]) + b"\x00\x00")

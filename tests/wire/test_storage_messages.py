@@ -33,6 +33,8 @@ from waltz_client.wire.storage_messages import (
     LastSessionInfoRequest,
     LastSessionInfoResponse,
     Limits,
+    LogInfoRequest,
+    LogInfoResponse,
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     OpenRequest,
@@ -44,6 +46,8 @@ from waltz_client.wire.storage_messages import (
     RecordListResponse,
     RecordRequest,
     RecordResponse,
+    SegmentStats,
+    SetLogStartRequest,
     SetLowWaterMarkRequest,
     StorageError,
     StorageMessage,
@@ -74,6 +78,17 @@ MESSAGE_STRATEGIES: dict[type[StorageMessage], st.SearchStrategy[StorageMessage]
     MaxTransactionIdRequest: st.builds(MaxTransactionIdRequest, I64, I64, I32),
     TruncateRequest: st.builds(TruncateRequest, I64, I64, I32, I64),
     SetLowWaterMarkRequest: st.builds(SetLowWaterMarkRequest, I64, I64, I32, I64),
+    LogInfoRequest: st.builds(LogInfoRequest, I64, I64, I32),
+    SetLogStartRequest: st.builds(SetLogStartRequest, I64, I64, I32, st.integers(0, 2**63 - 1)),
+    LogInfoResponse: st.builds(
+        LogInfoResponse,
+        I64,
+        I64,
+        I32,
+        I64,
+        I64,
+        st.lists(st.builds(SegmentStats, I64, I32, I64, I64), max_size=20).map(tuple),
+    ),
     AppendRequest: st.builds(AppendRequest, I64, I64, I32, BATCHES),
     RecordHeaderRequest: st.builds(RecordHeaderRequest, I64, I64, I32, I64),
     RecordRequest: st.builds(RecordRequest, I64, I64, I32, I64),
@@ -147,7 +162,7 @@ CHUNK_SIZES = st.sampled_from([1, 2, 3, 5, 13, 100, 4096, 1 << 20])
 
 def test_every_message_class_has_a_strategy():
     assert set(MESSAGE_STRATEGIES) == set(ALL_CLASSES)
-    assert len(STORAGE_REQUESTS) == 10 and len(STORAGE_RESPONSES) == 8
+    assert len(STORAGE_REQUESTS) == 12 and len(STORAGE_RESPONSES) == 9
 
 
 def test_type_codes_follow_the_original():
@@ -170,6 +185,9 @@ def test_type_codes_follow_the_original():
         "RECORD_HEADER_LIST_RESPONSE": 16,
         "RECORD_LIST_REQUEST": 17,
         "RECORD_LIST_RESPONSE": 18,
+        "LOG_INFO_REQUEST": 19,
+        "LOG_INFO_RESPONSE": 20,
+        "SET_LOG_START_REQUEST": 21,
     }
     assert {c.__name__: c.TYPE for c in REQUEST_CLASSES} == {
         "OpenRequest": 1,
@@ -182,6 +200,8 @@ def test_type_codes_follow_the_original():
         "MaxTransactionIdRequest": 13,
         "RecordHeaderListRequest": 15,
         "RecordListRequest": 17,
+        "LogInfoRequest": 19,
+        "SetLogStartRequest": 21,
     }
     assert {c.__name__: c.TYPE for c in RESPONSE_CLASSES} == {
         "LastSessionInfoResponse": 3,
@@ -192,6 +212,7 @@ def test_type_codes_follow_the_original():
         "MaxTransactionIdResponse": 14,
         "RecordHeaderListResponse": 16,
         "RecordListResponse": 18,
+        "LogInfoResponse": 20,
     }
 
 
@@ -214,7 +235,7 @@ def test_storage_error_codes():
 
 
 def test_constants():
-    assert range(1, 2) == STORAGE_PROTOCOL_VERSIONS
+    assert range(1, 3) == STORAGE_PROTOCOL_VERSIONS
     assert MAX_ERROR_MESSAGE_BYTES == 4096
     assert DEFAULT_MAX_LIST_RECORDS == 100_000
     assert Limits(16 * 1024 * 1024, 100_000) == DEFAULT_LIMITS
@@ -266,6 +287,12 @@ LAYOUT_CASES = [
     (LastSessionInfoRequest(1, 2, 3), b""),
     (MaxTransactionIdRequest(1, 2, 3), b""),
     (SetLowWaterMarkRequest(1, 2, 3, -5), struct.pack(">q", -5)),
+    (LogInfoRequest(1, 2, 3), b""),
+    (SetLogStartRequest(1, 2, 3, 4711), struct.pack(">q", 4711)),
+    (
+        LogInfoResponse(1, 2, 3, 100, 250, (SegmentStats(0, 200, 8192, 1700000000000),)),
+        struct.pack(">qqi", 100, 250, 1) + struct.pack(">qiqq", 0, 200, 8192, 1700000000000),
+    ),
     (RecordHeaderRequest(1, 2, 3, 99), struct.pack(">q", 99)),
     (RecordRequest(1, 2, 3, 99), struct.pack(">q", 99)),
     (RecordHeaderListRequest(1, 2, 3, 99, 500), struct.pack(">qi", 99, 500)),
@@ -516,7 +543,7 @@ def test_reader_expect_end():
 # --- malformed messages ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("message_type", [0, 19, 100, 255])
+@pytest.mark.parametrize("message_type", [0, 22, 100, 255])
 def test_unknown_message_type(message_type):
     with pytest.raises(
         UnknownMessageType, match=rf"message type {message_type} is not a storage request"
@@ -554,6 +581,7 @@ FIXED_FIELD_CASES = [
     (OpenRequest, "Open.cluster_key"),
     (TruncateRequest, "Truncate.transaction_id"),
     (SetLowWaterMarkRequest, "SetLowWaterMark.low_water_mark"),
+    (SetLogStartRequest, "SetLogStart.log_start"),
     (AppendRequest, "Append.record count"),
     (RecordHeaderRequest, "RecordHeaderRequest.transaction_id"),
     (RecordRequest, "RecordRequest.transaction_id"),

@@ -37,6 +37,7 @@ from .metadata import (
 from .paths import ClusterPaths
 from .placement import assign_replicas
 from .replica_safety import replica_change_problem, still_serving, writing_members
+from .retention import RetentionPolicy
 from .zk import ClusterError
 
 CAS_ATTEMPTS = 20
@@ -408,24 +409,65 @@ def update_access(
     zk: KazooClient, root: str, change: Callable[[AccessPolicy], AccessPolicy]
 ) -> AccessPolicy:
     """Compare-and-set the access policy (created on first use)."""
+    params = read_params(zk, root)
+    return _update_policy(
+        zk,
+        ClusterPaths.of(root).access,
+        "the access policy",
+        lambda: read_access(zk, root),
+        change,
+        lambda new: AccessPolicy.decode(new.encode(), params.num_partitions),
+    )
+
+
+def read_retention(zk: KazooClient, root: str) -> tuple[RetentionPolicy, int]:
+    """The retention policy and its znode version (-1: none yet: keep everything)."""
     paths = ClusterPaths.of(root)
     params = read_params(zk, root)
+    try:
+        data, stat = zk.get(paths.retention)
+    except NoNodeError:
+        return RetentionPolicy(), -1
+    try:
+        return RetentionPolicy.decode(data, params.num_partitions), stat.version
+    except MetadataError as e:
+        raise ClusterError(f"{paths.retention}: {e}") from None
+
+
+def update_retention(
+    zk: KazooClient, root: str, change: Callable[[RetentionPolicy], RetentionPolicy]
+) -> RetentionPolicy:
+    """Compare-and-set the retention policy (created on first use)."""
+    params = read_params(zk, root)
+    return _update_policy(
+        zk,
+        ClusterPaths.of(root).retention,
+        "the retention policy",
+        lambda: read_retention(zk, root),
+        change,
+        lambda new: RetentionPolicy.decode(new.encode(), params.num_partitions),
+    )
+
+
+def _update_policy(zk: KazooClient, path: str, what: str, read, change, check):
+    """Compare-and-set a policy document: read, change, check, write; again if it
+    changed meanwhile."""
     for _ in range(CAS_ATTEMPTS):
-        current, version = read_access(zk, root)
+        current, version = read()
         new = change(current)
         # Checked as every server will read it: a policy they refuse must not be written.
-        AccessPolicy.decode(new.encode(), params.num_partitions)
+        check(new)
         if new == current:
             return current
         try:
             if version < 0:
-                zk.create(paths.access, new.encode())
+                zk.create(path, new.encode())
             else:
-                zk.set(paths.access, new.encode(), version=version)
+                zk.set(path, new.encode(), version=version)
             return new
         except (NodeExistsError, BadVersionError):
             continue  # changed under us: decide again
-    raise ClusterError("the access policy kept changing; try again")
+    raise ClusterError(f"{what} kept changing; try again")
 
 
 def delete_cluster(zk: KazooClient, root: str, confirm_name: str, force: bool = False) -> None:

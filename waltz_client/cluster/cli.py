@@ -14,7 +14,7 @@ from kazoo.exceptions import NoAuthError
 
 from waltz_client.partition_ranges import format_partition_ranges, parse_partition_ranges
 
-from ..settings import zookeeper_address
+from ..settings import parse_size, zookeeper_address
 from ..tls import TlsFiles
 from . import admin
 from .access import AccessPolicy
@@ -28,6 +28,7 @@ from .acl import (
 from .metadata import ReplicaAssignment
 from .paths import ClusterPaths
 from .placement import quorum
+from .retention import RetentionPolicy, RetentionRule, parse_duration
 from .zk import ClusterError, close, connect
 
 DEFAULT_ROOT = "/waltz"
@@ -137,6 +138,31 @@ def register(groups: argparse._SubParsersAction) -> None:
         cmd_open_access,
     )
     _access_targets(p)
+
+    p = command(
+        "retention",
+        "show how much of each partition's log is kept; with options, change it",
+        cmd_retention,
+    )
+    p.add_argument(
+        "--partitions",
+        metavar="IDS|all|default",
+        help="what to change: partition IDs and ranges (0-6,9), all, or default",
+    )
+    p.add_argument("--max-age", metavar="DURATION", help="delete what is older (7d, 12h, 3600)")
+    p.add_argument("--max-bytes", metavar="SIZE", help="keep about this much per replica (100GiB)")
+    p.add_argument(
+        "--keep-all",
+        action="store_true",
+        help="remove the partitions' own rule (default: keep everything again)",
+    )
+    p = command(
+        "truncate-before",
+        "let a partition's log go below a transaction the application has checkpointed",
+        cmd_truncate_before,
+    )
+    p.add_argument("partition", type=int)
+    p.add_argument("transaction_id", type=int, metavar="TXID")
 
     p = command("delete", "delete the cluster's metadata (guarded)", cmd_delete)
     p.add_argument(
@@ -277,6 +303,7 @@ def cmd_show(zk: KazooClient, args: argparse.Namespace) -> int:
                             for s, r in m.replicas.items()
                         },
                         "members": st.members(p),
+                        "log_start": m.log_start,
                         "owner": st.ownership.partitions.get(p, (None, 0))[0],
                         "owner_generation": st.ownership.partitions.get(p, (None, 0))[1],
                     }
@@ -468,3 +495,53 @@ def cmd_revoke(zk: KazooClient, args: argparse.Namespace) -> int:
 def cmd_open_access(zk: KazooClient, args: argparse.Namespace) -> int:
     targets = _targets(zk, args)
     return _print_access(args, admin.update_access(zk, args.root, lambda p: p.cleared(targets)))
+
+
+def _print_retention(zk: KazooClient, args: argparse.Namespace, policy: RetentionPolicy) -> int:
+    starts = {p: m.log_start for p, m in admin.read_cluster(zk, args.root).partitions.items()}
+    if args.json:
+        doc = json.loads(policy.encode())
+        doc["log_start"] = {str(p): start for p, start in sorted(starts.items())}
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    print("\n".join(policy.describe()))
+    moved = {p: start for p, start in starts.items() if start}
+    for p, start in sorted(moved.items()):
+        print(f"partition {p}: log starts at transaction {start}")
+    if not moved:
+        print("every partition's log starts at transaction 0")
+    return 0
+
+
+def cmd_retention(zk: KazooClient, args: argparse.Namespace) -> int:
+    changing = args.max_age is not None or args.max_bytes is not None or args.keep_all
+    if not changing:
+        if args.partitions:
+            raise ValueError("say what to change: --max-age, --max-bytes or --keep-all")
+        return _print_retention(zk, args, admin.read_retention(zk, args.root)[0])
+    if not args.partitions:
+        raise ValueError("say which partitions: --partitions IDS, all or default")
+    if args.keep_all and (args.max_age is not None or args.max_bytes is not None):
+        raise ValueError("--keep-all removes the rule: give it without --max-age/--max-bytes")
+    targets = _targets(zk, args)
+    if args.keep_all:
+        policy = admin.update_retention(zk, args.root, lambda p: p.without_rule(targets))
+        return _print_retention(zk, args, policy)
+    rule = RetentionRule(
+        None if args.max_age in (None, "none") else parse_duration(args.max_age),
+        None if args.max_bytes in (None, "none") else parse_size(args.max_bytes),
+    )
+    policy = admin.update_retention(zk, args.root, lambda p: p.with_rule(targets, rule))
+    return _print_retention(zk, args, policy)
+
+
+def cmd_truncate_before(zk: KazooClient, args: argparse.Namespace) -> int:
+    params = admin.read_params(zk, args.root)
+    if not 0 <= args.partition < params.num_partitions:
+        raise ValueError(f"partition {args.partition} is not in 0..{params.num_partitions - 1}")
+    if args.transaction_id < 0:
+        raise ValueError(f"TXID must be >= 0, got {args.transaction_id}")
+    policy = admin.update_retention(
+        zk, args.root, lambda p: p.truncated_before(args.partition, args.transaction_id)
+    )
+    return _print_retention(zk, args, policy)

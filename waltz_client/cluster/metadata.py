@@ -198,24 +198,27 @@ class PartitionMetadata:
     generation: int = 0
     session_id: int = NO_SESSION
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
+    # Retention: the first transaction still served; everything below it may be deleted.
+    # Only the owning server moves it, and only up. Left out of the document while 0.
+    log_start: int = 0
 
     KIND = "partition"
 
     def encode(self) -> bytes:
-        return _encode(
-            self.KIND,
-            {
-                "generation": self.generation,
-                "session_id": self.session_id,
-                "replicas": {
-                    s: {
-                        "session_id": r.session_id,
-                        "closing_high_water_mark": r.closing_high_water_mark,
-                    }
-                    for s, r in self.replicas.items()
-                },
+        doc: dict[str, Any] = {
+            "generation": self.generation,
+            "session_id": self.session_id,
+            "replicas": {
+                s: {
+                    "session_id": r.session_id,
+                    "closing_high_water_mark": r.closing_high_water_mark,
+                }
+                for s, r in self.replicas.items()
             },
-        )
+        }
+        if self.log_start:
+            doc["log_start"] = self.log_start
+        return _encode(self.KIND, doc)
 
     @classmethod
     def decode(cls, data: bytes) -> PartitionMetadata:
@@ -232,6 +235,7 @@ class PartitionMetadata:
             _field(cls.KIND, doc, "generation", int, minimum=0),
             _field(cls.KIND, doc, "session_id", int, minimum=NO_SESSION),
             replicas,
+            _field(cls.KIND, doc, "log_start", int, minimum=0) if "log_start" in doc else 0,
         )
 
 

@@ -65,6 +65,11 @@ class ClusterPaths:
         return f"{self.root}/access"
 
     @property
+    def retention(self) -> str:
+        """How much of each partition's log to keep (optional: without it, everything)."""
+        return f"{self.root}/retention"
+
+    @property
     def client_bindings(self) -> str:
         """Client ID -> the certificate identity that first used it (with client TLS)."""
         return f"{self.root}/client-bindings"

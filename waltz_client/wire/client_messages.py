@@ -74,6 +74,7 @@ class ErrorCode(IntEnum):
     LIMIT_EXCEEDED = 7  # a per-connection or per-partition limit of the server
     UNAUTHORIZED = 8  # the connection's certificate may not act as this client ID
     FORBIDDEN = 9  # the cluster's access policy does not let this identity do that here
+    TRUNCATED = 10  # below the partition's log start (retention); the message names it
 
 
 @dataclass(frozen=True, slots=True)

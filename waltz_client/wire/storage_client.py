@@ -27,12 +27,15 @@ from .framing import (
 from .records import Record, RecordBatch, RecordHeader
 from .storage_messages import (
     DEFAULT_LIMITS,
+    RETENTION_VERSION,
     STORAGE_PROTOCOL_VERSIONS,
     AppendRequest,
     FailureResponse,
     LastSessionInfoRequest,
     LastSessionInfoResponse,
     Limits,
+    LogInfoRequest,
+    LogInfoResponse,
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     OpenRequest,
@@ -44,6 +47,7 @@ from .storage_messages import (
     RecordListResponse,
     RecordRequest,
     RecordResponse,
+    SetLogStartRequest,
     SetLowWaterMarkRequest,
     StorageError,
     StorageMessage,
@@ -230,6 +234,19 @@ class StorageClient:
 
     async def set_low_water_mark(self, session_id: int, partition_id: int, mark: int) -> None:
         await self.call(SetLowWaterMarkRequest(session_id, self.next_seq(), partition_id, mark))
+
+    @property
+    def speaks_retention(self) -> bool:
+        """Whether the node knows Log Info and Set Log Start (protocol version 2)."""
+        return self.version >= RETENTION_VERSION
+
+    async def log_info(self, session_id: int, partition_id: int) -> LogInfoResponse:
+        r = await self.call(LogInfoRequest(session_id, self.next_seq(), partition_id))
+        assert isinstance(r, LogInfoResponse)
+        return r
+
+    async def set_log_start(self, session_id: int, partition_id: int, log_start: int) -> None:
+        await self.call(SetLogStartRequest(session_id, self.next_seq(), partition_id, log_start))
 
     def append_request(
         self, session_id: int, partition_id: int, records: RecordBatch | list[Record]

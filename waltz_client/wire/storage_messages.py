@@ -21,7 +21,9 @@ from .errors import MalformedMessage, UnknownMessageType
 from .framing import encode_frame
 from .records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, RecordHeader
 
-STORAGE_PROTOCOL_VERSIONS = range(1, 2)  # versions this build speaks
+# Versions this build speaks. 2 adds retention: Log Info and Set Log Start.
+STORAGE_PROTOCOL_VERSIONS = range(1, 3)
+RETENTION_VERSION = 2
 
 MESSAGE_HEADER = struct.Struct(">qqi")
 _I32 = struct.Struct(">i")
@@ -51,6 +53,9 @@ class StorageMessageType(IntEnum):
     RECORD_HEADER_LIST_RESPONSE = 16
     RECORD_LIST_REQUEST = 17
     RECORD_LIST_RESPONSE = 18
+    LOG_INFO_REQUEST = 19  # version 2
+    LOG_INFO_RESPONSE = 20  # version 2
+    SET_LOG_START_REQUEST = 21  # version 2
 
 
 class StorageError(IntEnum):
@@ -155,6 +160,29 @@ class SetLowWaterMarkRequest(StorageMessage):
     @classmethod
     def _read_body(cls, r, head, limits):
         return cls(*head, r.i64("SetLowWaterMark.low_water_mark"))
+
+
+@dataclass(frozen=True, slots=True)
+class LogInfoRequest(StorageMessage):
+    """The partition's log start and its segments (retention decides from them)."""
+
+    TYPE = StorageMessageType.LOG_INFO_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class SetLogStartRequest(StorageMessage):
+    """Retention: serve nothing below ``log_start``; delete the segments wholly below it.
+    Past the end of the replica's log, the replica skips ahead to start empty there."""
+
+    TYPE = StorageMessageType.SET_LOG_START_REQUEST
+    log_start: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.log_start)
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        return cls(*head, r.i64("SetLogStart.log_start"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +343,59 @@ class RecordResponse(StorageMessage):
         return cls(*head, Record.read(r, limits.max_data_bytes))
 
 
+MAX_SEGMENTS_LISTED = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentStats:
+    first_txid: int
+    records: int
+    size_bytes: int
+    modified_ms: int  # when the segment's data file last changed (ms since the epoch)
+
+    @property
+    def last_txid(self) -> int:
+        return self.first_txid + self.records - 1
+
+
+_SEGMENT_STATS = struct.Struct(">qiqq")
+
+
+@dataclass(frozen=True, slots=True)
+class LogInfoResponse(StorageMessage):
+    TYPE = StorageMessageType.LOG_INFO_RESPONSE
+    log_start: int = 0
+    max_transaction_id: int = -1
+    segments: tuple[SegmentStats, ...] = ()
+
+    def _body(self) -> bytes:
+        return (
+            _I64.pack(self.log_start)
+            + _I64.pack(self.max_transaction_id)
+            + _I32.pack(len(self.segments))
+            + b"".join(
+                _SEGMENT_STATS.pack(s.first_txid, s.records, s.size_bytes, s.modified_ms)
+                for s in self.segments
+            )
+        )
+
+    @classmethod
+    def _read_body(cls, r, head, limits):
+        log_start = r.i64("LogInfo.log_start")
+        max_txid = r.i64("LogInfo.max_transaction_id")
+        n = r.count("LogInfo.segments", MAX_SEGMENTS_LISTED)
+        segments = tuple(
+            SegmentStats(
+                r.i64("LogInfo.first_txid"),
+                r.i32("LogInfo.records"),
+                r.i64("LogInfo.size_bytes"),
+                r.i64("LogInfo.modified_ms"),
+            )
+            for _ in range(n)
+        )
+        return cls(*head, log_start, max_txid, segments)
+
+
 @dataclass(frozen=True, slots=True)
 class RecordHeaderListResponse(StorageMessage):
     TYPE = StorageMessageType.RECORD_HEADER_LIST_RESPONSE
@@ -356,6 +437,8 @@ STORAGE_REQUESTS: dict[int, type[StorageMessage]] = {
         RecordRequest,
         RecordHeaderListRequest,
         RecordListRequest,
+        LogInfoRequest,
+        SetLogStartRequest,
     )
 }
 STORAGE_RESPONSES: dict[int, type[StorageMessage]] = {
@@ -369,6 +452,7 @@ STORAGE_RESPONSES: dict[int, type[StorageMessage]] = {
         RecordResponse,
         RecordHeaderListResponse,
         RecordListResponse,
+        LogInfoResponse,
     )
 }
 

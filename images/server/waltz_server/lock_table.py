@@ -5,13 +5,20 @@ high-water mark of a lock is the minimum of its N entries: never below the
 last transaction that took the lock (no false negatives), sometimes above it
 when other locks share entries (a false conflict, rarer with a larger array).
 An append is safe when the client's high-water mark is at or above the
-estimate of every lock it names; a committed append raises its locks' entries.
+estimate of every lock it names; an append raises its locks' entries when it is
+assigned its transaction ID.
+
+A new store session either keeps the table (``truncate``: only the transactions the
+recovery dropped are forgotten) or resets it (``reset``: every lock as new as the
+log). Neither touches the whole array: a reset raises a floor under every entry, and
+a truncation lowers only the entries that transactions not yet committed raised.
 Pure and deterministic.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Iterable
 
 _MASK64 = (1 << 64) - 1
@@ -32,6 +39,12 @@ class LockTable:
         self.size = size
         self.hashes = hashes
         self._marks = array("q", [-1]) * size
+        # Every entry reads as at least this: reset() raises it instead of rewriting
+        # the array (a Python-speed pass over 2^26 entries would stall the event loop).
+        self._floor = -1
+        # Transactions whose locks were taken but which are not known to be committed,
+        # in ID order, with the locks they took: truncate() lowers what they raised.
+        self._unsettled: deque[tuple[int, tuple[int, ...]]] = deque()
 
     def _slots(self, lock_hash: int) -> list[int]:
         base = _mix(lock_hash & 0xFFFFFFFF)
@@ -39,7 +52,8 @@ class LockTable:
 
     def estimate(self, lock_hash: int) -> int:
         """Upper bound of the last transaction that took this lock (-1: none)."""
-        return min(self._marks[s] for s in self._slots(lock_hash))
+        mark = min(self._marks[s] for s in self._slots(lock_hash))
+        return mark if mark > self._floor else self._floor
 
     def conflict(self, client_high_water_mark: int, lock_hashes: Iterable[int]) -> int | None:
         """The transaction ID that makes the append unsafe, or None when it is safe."""
@@ -51,12 +65,45 @@ class LockTable:
         return worst
 
     def commit(self, transaction_id: int, lock_hashes: Iterable[int]) -> None:
+        """Transaction ``transaction_id`` takes ``lock_hashes`` (at assignment: it may
+        still be lost, until ``settled``)."""
+        hashes = tuple(lock_hashes)  # a tuple already: no copy
+        if not hashes:
+            return
         marks = self._marks
-        for h in lock_hashes:
+        for h in hashes:
             for s in self._slots(h):
                 if marks[s] < transaction_id:
                     marks[s] = transaction_id
+        self._unsettled.append((transaction_id, hashes))
+
+    def settled(self, high_water_mark: int) -> None:
+        """Everything up to ``high_water_mark`` committed: no truncation will drop it."""
+        unsettled = self._unsettled
+        while unsettled and unsettled[0][0] <= high_water_mark:
+            unsettled.popleft()
+
+    def truncate(self, high_water_mark: int) -> None:
+        """Nothing above ``high_water_mark`` exists (a recovery dropped what the last
+        session had not committed): lower the entries those transactions raised to the
+        mark. Their IDs are given again to other transactions, which must not inherit
+        their locks (a false conflict, not a missed one, but one for every client that
+        has not seen the mark). Work in proportion to the locks of the dropped ones."""
+        marks = self._marks
+        for txid, lock_hashes in self._unsettled:
+            if txid <= high_water_mark:
+                continue  # the recovery kept it: committed
+            for h in lock_hashes:
+                for s in self._slots(h):
+                    if marks[s] > high_water_mark:
+                        marks[s] = high_water_mark
+        self._unsettled.clear()
 
     def reset(self, high_water_mark: int) -> None:
         """After a recovery the history is unknown: every lock is as new as the log."""
-        self._marks = array("q", [high_water_mark]) * self.size  # C speed: 64k slots
+        self.truncate(high_water_mark)
+        if high_water_mark >= self._floor:
+            self._floor = high_water_mark  # O(1): every entry now reads at least this
+        else:  # the log went back (not in a running cluster): rewrite, at C speed
+            self._marks = array("q", [high_water_mark]) * self.size
+            self._floor = high_water_mark

@@ -224,7 +224,12 @@ class Partition:
     def _open(self, session: StoreSession) -> None:
         self.session = session
         self.stats.sessions += 1
-        resolved = self.core.session_opened(session.high_water_mark)
+        # The lock table stays valid only if every transaction the recovery kept took
+        # its locks here: this object ran the session that wrote last (any other writer,
+        # even this server's earlier partition object, would be a newer writing session).
+        own = self._own
+        keep_locks = own is not None and session.previous_writer == own.session_id
+        resolved = self.core.session_opened(session.high_water_mark, keep_locks)
         self.feed_cache.reset(session.high_water_mark)
         self.data_cache.drop_above(session.high_water_mark)
         self.state = State.ACTIVE

@@ -80,18 +80,28 @@ class PartitionCore:
 
     # --- store sessions -------------------------------------------------------------
 
-    def session_opened(self, high_water_mark: int) -> list[Resolved]:
-        """A new store session starts from ``high_water_mark``: IDs continue from it, every
-        lock is as new as the log (the history is unknown), and barriers of the old
-        session resolve (whatever it had not committed is now decided)."""
+    def session_opened(self, high_water_mark: int, keep_locks: bool = False) -> list[Resolved]:
+        """A new store session starts from ``high_water_mark``: IDs continue from it, and
+        barriers of the old session resolve (whatever it had not committed is now
+        decided).
+
+        ``keep_locks``: every transaction up to the mark took its locks in this table
+        (this object ran the session that wrote last, so nobody else wrote since the
+        table was last reset). The table is kept, minus the transactions the recovery
+        dropped: a client behind the mark conflicts only on locks taken after its own
+        mark. Otherwise the history is unknown and every lock is as new as the log."""
         self.high_water_mark = high_water_mark
         self.next_transaction_id = high_water_mark + 1
-        self.locks.reset(high_water_mark)
+        if keep_locks:
+            self.locks.truncate(high_water_mark)
+        else:
+            self.locks.reset(high_water_mark)
         self.epoch += 1
         return self._resolve()
 
     def committed(self, last_transaction_id: int) -> list[Resolved]:
         self.high_water_mark = last_transaction_id
+        self.locks.settled(last_transaction_id)
         return self._resolve() if self._barriers else []
 
     # --- requests, in queue order ---------------------------------------------------

@@ -196,4 +196,4 @@ def closing_metadata(
             states[address] = ReplicaState(old.session_id, decided)
         else:
             states[address] = old
-    return PartitionMetadata(generation, session_id, states)
+    return PartitionMetadata(generation, session_id, states, metadata.log_start)

@@ -22,7 +22,7 @@ from typing import Protocol
 from kazoo.exceptions import KazooException
 
 from waltz_client.cluster.metadata import PartitionMetadata
-from waltz_client.cluster.replica_safety import writing_members
+from waltz_client.cluster.replica_safety import writing_members, writing_session
 from waltz_client.wire.errors import ProtocolError, describe
 from waltz_client.wire.framing import OpenConnection
 from waltz_client.wire.records import RecordBatch
@@ -263,6 +263,7 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             on_commit,
             max_batch_bytes=ctx.max_batch_bytes,
             max_in_flight=ctx.max_in_flight,
+            previous_writer=writing_session(meta),
         )
         session.lagging = lagging
         for address in set(clients) - set(members):

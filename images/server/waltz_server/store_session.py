@@ -57,6 +57,7 @@ class StoreSession:
         *,
         max_batch_bytes: int = 4 * 1024 * 1024,
         max_in_flight: int = 16,
+        previous_writer: int = -1,
     ) -> None:
         self.partition_id = partition_id
         self.session_id = session_id
@@ -73,10 +74,14 @@ class StoreSession:
         self._drained = asyncio.Event()
         self._drained.set()
         self._wake = asyncio.Event()
+        self._committed = asyncio.Event()  # set by each commit and by the end: drain() waits
         self.ended = asyncio.get_running_loop().create_future()
         # Replicas recovery left out, far behind, with their clean positions: the
         # partition copies them in the background (catch_up.py).
         self.lagging: dict[str, int] = {}
+        # The session that wrote last before this one (its recovery resolved it; -1:
+        # none). The partition keeps its lock table when it ran that session itself.
+        self.previous_writer = previous_writer
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
 
     @property
@@ -138,6 +143,7 @@ class StoreSession:
         self.ended.exception()  # retrieved: nobody has to await it
         self._wake.set()
         self._drained.set()
+        self._committed.set()
 
     async def close(self, reason: str = "closed") -> None:
         self.end(reason)
@@ -192,6 +198,7 @@ class StoreSession:
         committed = self.core.acknowledged(member.address, batch)
         if committed:
             self._wake.set()  # the window has room again
+            self._committed.set()
         for done in committed:
             self._on_commit(RecordBatch(done.buf, done.spans), done.started)
 
@@ -202,13 +209,15 @@ class StoreSession:
     async def drain(self, timeout: float) -> None:
         """Until every queued and in-flight record is committed (or the session ended, or
         ``timeout`` seconds): a planned end loses nothing."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while (
-            not self.core.drained()
-            and not self.ended.done()
-            and asyncio.get_running_loop().time() < deadline
-        ):
-            await asyncio.sleep(0.005)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.core.drained() and not self.ended.done():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._committed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._committed.wait(), remaining)
 
     def check_stragglers(self, now: float, timeout: float) -> None:
         """End the session if a member has left a request unanswered for ``timeout`` s

@@ -146,6 +146,15 @@ class ClusterFollower:
 
         Blocking, for a worker thread. A ``sync`` first: this node's ZooKeeper member
         may lag behind the one the server just wrote the session to."""
+        metadata = self._partition_metadata(partition_id)
+        return NO_SESSION if metadata is None else metadata.session_id
+
+    def recorded_log_start(self, partition_id: int) -> int:
+        """The log start the partition's metadata records (0 if none); as above."""
+        metadata = self._partition_metadata(partition_id)
+        return 0 if metadata is None else metadata.log_start
+
+    def _partition_metadata(self, partition_id: int) -> PartitionMetadata | None:
         zk = self._zk
         if zk is None:
             raise ClusterError("not connected to ZooKeeper")
@@ -154,8 +163,8 @@ class ClusterFollower:
             zk.sync_async(path).get(timeout=SESSION_CHECK_TIMEOUT)
             data, _ = zk.get_async(path).get(timeout=SESSION_CHECK_TIMEOUT)
         except NoNodeError:
-            return NO_SESSION
-        return PartitionMetadata.decode(data).session_id
+            return None
+        return PartitionMetadata.decode(data)
 
     def watch_partition(self, partition_id: int, on_change: Callable[[], None]) -> None:
         """Call ``on_change`` on the event loop whenever the partition's metadata changes,

@@ -22,6 +22,7 @@ from .control_file import (
     entry_offset,
 )
 from .errors import CorruptSegment
+from .log_start import DamagedLogStart, read_log_start
 from .partition import DEFAULT_MAX_TORN_BYTES
 from .recovery import refusal, scan_partition
 from .segment import (
@@ -196,7 +197,13 @@ def verify_partition(
 ) -> PartitionReport:
     """Would a node open this partition? The same scan and decision as on open, read-only."""
     floor = local_low_water_mark(control_path, partition_id)
-    scan = scan_partition(directory, partition_id, None, max_torn_bytes=max_torn_bytes)
+    try:
+        log_start = read_log_start(directory)
+    except DamagedLogStart as e:
+        return PartitionReport(directory, partition_id, -1, floor, [str(e)])
+    scan = scan_partition(
+        directory, partition_id, None, max_torn_bytes=max_torn_bytes, log_start=log_start
+    )
     reason = refusal(scan, floor)
     return PartitionReport(directory, partition_id, scan.end, floor, [reason] if reason else [])
 

@@ -85,7 +85,7 @@ async def serve(config: StorageConfig) -> int:
             f"directory: {e.strerror or e}"
         )
     if follower is not None:
-        node.verify_sessions_with(follower.recorded_session)
+        node.verify_sessions_with(follower.recorded_session, follower.recorded_log_start)
     server = StorageServer(node, server_settings)
     try:
         port = await server.start(config.host, config.port)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -67,12 +69,47 @@ class StorageMetrics:
             registry=r,
         )
         self.connections = Counter("waltz_storage_connections", "Connections accepted", registry=r)
+        self.retention_deleted_bytes = Counter(
+            "waltz_storage_retention_deleted_bytes",
+            "Bytes of segments deleted below the partition's log start (retention)",
+            ["partition"],
+            registry=r,
+        )
 
     def watch_partitions(self, source: Callable[[], Iterable[PartitionService]]) -> None:
         self.registry.register(_PartitionCollector(source))
 
     def watch_disk(self, directory: str) -> None:
         self.registry.register(_DiskCollector(directory))
+
+
+class PublishingLock:
+    """A lock that publishes its holder's state on release, for readers that must not wait.
+
+    ``read`` runs while the lock is still held, at the end of every ``with`` block (and
+    once at construction), and its result becomes ``published``: an immutable mapping
+    that a scrape reads without the lock. A partition holds its lock across fsync (which
+    can take seconds on a slow disk); a scrape that waited for it would stall the event
+    loop, and with it every partition and ``/healthz``. Whatever changes under the lock
+    is published when the lock is released; nothing else is needed.
+    """
+
+    __slots__ = ("_lock", "_read", "published")
+
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self._lock = threading.Lock()
+        self._read = read
+        self.published: Mapping[str, float] = MappingProxyType(read())
+
+    def __enter__(self) -> PublishingLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.published = MappingProxyType(self._read())
+        finally:
+            self._lock.release()
 
 
 class _DiskCollector(Collector):

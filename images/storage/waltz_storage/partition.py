@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -10,7 +11,8 @@ from waltz_client.wire.records import RecordBatch, RecordHeader
 
 from .control_file import NO_TRANSACTION, fsync_directory
 from .errors import NonContiguousAppend, PartitionRefused, TransactionNotFound, TruncateRefused
-from .recovery import refusal, scan_partition
+from .log_start import leftover_segments, read_log_start, write_log_start
+from .recovery import SEGMENT_NAME, refusal, scan_partition
 from .segment import Segment, segment_stem, wire_to_disk
 
 log = logging.getLogger(__name__)
@@ -30,12 +32,16 @@ class PartitionLog:
         cluster_key: uuid.UUID,
         segments: list[Segment],
         segment_bytes: int,
+        log_start: int = 0,
     ) -> None:
         self.directory = directory
         self.partition_id = partition_id
         self.cluster_key = cluster_key
         self.segments = segments
         self.segment_bytes = segment_bytes
+        # Retention: the first transaction served. The first segment may start below it
+        # (only whole segments are deleted); what is below it is never read.
+        self.log_start = max(log_start, segments[0].first_txid)
 
     @classmethod
     def open(
@@ -57,7 +63,15 @@ class PartitionLog:
         if not os.path.isdir(directory):
             os.makedirs(directory)
             fsync_directory(os.path.dirname(os.path.abspath(directory)))
-        scan = scan_partition(directory, partition_id, cluster_key, max_torn_bytes=max_torn_bytes)
+        log_start = read_log_start(directory)
+        _delete_leftovers(directory, log_start)  # of a deletion a crash interrupted
+        scan = scan_partition(
+            directory,
+            partition_id,
+            cluster_key,
+            max_torn_bytes=max_torn_bytes,
+            log_start=log_start,
+        )
         reason = refusal(scan, floor)
         if reason is not None:
             raise PartitionRefused(reason, recovered_end=scan.end, floor=floor)
@@ -76,17 +90,17 @@ class PartitionLog:
                     Segment.create(directory, partition_id, cluster_key, scan.torn_creation)
                 )
             if not segments:
-                segments.append(Segment.create(directory, partition_id, cluster_key, 0))
+                segments.append(Segment.create(directory, partition_id, cluster_key, log_start))
         except BaseException:
             for seg in segments:
                 seg.close()
             raise
-        return cls(directory, partition_id, cluster_key, segments, segment_bytes)
+        return cls(directory, partition_id, cluster_key, segments, segment_bytes, log_start)
 
     @property
     def first_txid(self) -> int:
-        """The first transaction ID this node stores (or would store next)."""
-        return self.segments[0].first_txid
+        """The first transaction ID this node serves (or would store next)."""
+        return self.log_start
 
     @property
     def max_txid(self) -> int:
@@ -154,10 +168,51 @@ class PartitionLog:
         fsync_directory(self.directory)
         log.info("partition %d truncated after transaction %d", self.partition_id, txid)
 
+    def advance_log_start(self, log_start: int) -> int:
+        """Retention: serve nothing below ``log_start`` and delete the segments wholly
+        below it (never the last). Past the end of the log, the replica skips ahead: its
+        log becomes empty, starting at ``log_start`` (the server then copies it from
+        there). Returns the bytes deleted. Durable on return."""
+        if log_start <= self.log_start:
+            return 0
+        write_log_start(self.directory, log_start)  # first: a crash leaves leftovers only
+        self.log_start = log_start
+        freed = 0
+        if log_start > self.max_txid + 1:
+            self.segments[-1].seal()
+            self.segments.append(
+                Segment.create(self.directory, self.partition_id, self.cluster_key, log_start)
+            )
+        while len(self.segments) > 1 and self.segments[1].first_txid <= log_start:
+            seg = self.segments.pop(0)
+            seg.close()
+            freed += seg.size
+            os.unlink(seg.index_path)  # the index first: a .seg alone is a leftover by name
+            os.unlink(seg.data_path)
+        fsync_directory(self.directory)
+        log.info(
+            "partition %d: log starts at transaction %d (%d bytes deleted)",
+            self.partition_id,
+            log_start,
+            freed,
+        )
+        return freed
+
+    def segment_stats(self) -> list[tuple[int, int, int, int]]:
+        """(first transaction, records, bytes, last modified in ms) of every segment."""
+        stats = []
+        for seg in self.segments:
+            try:
+                modified = int(os.stat(seg.data_path).st_mtime * 1000)
+            except OSError:
+                modified = 0
+            stats.append((seg.first_txid, seg.count, seg.size, modified))
+        return stats
+
     # --- reads --------------------------------------------------------------------------
 
     def _segment_of(self, txid: int) -> Segment:
-        if not self.first_txid <= txid <= self.max_txid:
+        if not self.log_start <= txid <= self.max_txid:
             raise TransactionNotFound(
                 f"partition {self.partition_id}: transaction {txid} is not stored here "
                 f"(this node holds {self.first_txid}..{self.max_txid})"
@@ -179,6 +234,11 @@ class PartitionLog:
         """
         if txid > self.max_txid or max_records <= 0:
             return RecordBatch(b"", [])
+        if 0 <= txid < self.log_start:
+            raise TransactionNotFound(
+                f"partition {self.partition_id}: transaction {txid} is below the log start "
+                f"{self.log_start} (deleted by retention)"
+            )
         parts: list[RecordBatch] = []
         count = size = 0
         while count < max_records and txid <= self.max_txid and size < max_bytes:
@@ -199,6 +259,24 @@ class PartitionLog:
     def close(self) -> None:
         for seg in self.segments:
             seg.close()
+
+
+def _delete_leftovers(directory: str, log_start: int) -> None:
+    names = os.listdir(directory)
+    firsts = sorted(int(m.group(1)) for n in names if (m := SEGMENT_NAME.match(n)))
+    leftovers = leftover_segments(firsts, log_start)
+    for first in leftovers:
+        log.warning(
+            "%s: deleting segment %s, below the log start %d (a deletion was interrupted)",
+            directory,
+            segment_stem(first),
+            log_start,
+        )
+        for suffix in (".idx", ".seg"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, segment_stem(first) + suffix))
+    if leftovers:
+        fsync_directory(directory)
 
 
 def _concat(parts: list[RecordBatch]) -> RecordBatch:

@@ -34,6 +34,7 @@ from waltz_client.cluster.metadata import key_fingerprint
 
 from . import segment as seg
 from .errors import CorruptSegment
+from .log_start import leftover_segments
 from .segment import (
     HEADER_BYTES,
     RECORD_HEAD,
@@ -94,7 +95,7 @@ class PartitionScan:
     directory: str
     partition_id: int
     segments: list[SegmentScan]
-    end: int  # the last transaction of the intact log from transaction 0 (-1: none)
+    end: int  # the last transaction of the intact log from its start (-1: none)
     problem: str | None  # corruption: why these files cannot be served, whatever the mark
     torn_creation: int | None  # first transaction of a last segment cut inside its header
     orphan_indexes: list[str]  # .idx files whose .seg is missing
@@ -185,17 +186,33 @@ def _cause(scan: PartitionScan) -> str:
 
 
 def scan_partition(
-    directory: str, partition_id: int, cluster_key: uuid.UUID | None, *, max_torn_bytes: int
+    directory: str,
+    partition_id: int,
+    cluster_key: uuid.UUID | None,
+    *,
+    max_torn_bytes: int,
+    log_start: int = 0,
 ) -> PartitionScan:
     """Check every segment in ``directory``, in order, up to the first problem.
 
     ``cluster_key`` None: do not check the segments' key (the offline tools).
+    ``log_start``: retention deleted what is below it. Segments wholly below it are
+    leftovers of an interrupted deletion and are skipped; the first segment kept may
+    start anywhere up to it (at it, for a replica that skipped ahead to it).
     """
     names = set(os.listdir(directory)) if os.path.isdir(directory) else set()
     firsts = sorted(int(m.group(1)) for n in names if (m := SEGMENT_NAME.match(n)))
-    orphans = sorted(n for n in names if INDEX_NAME.match(n) and n[:-4] + ".seg" not in names)
+    leftovers = set(leftover_segments(firsts, log_start))
+    firsts = [first for first in firsts if first not in leftovers]
+    orphans = sorted(
+        n
+        for n in names
+        if (m := INDEX_NAME.match(n))
+        and n[:-4] + ".seg" not in names
+        and int(m.group(1)) not in leftovers
+    )
     scans: list[SegmentScan] = []
-    end = -1
+    end = firsts[0] - 1 if firsts and 0 < firsts[0] <= log_start else -1
     problem = None
     torn_creation = None
     for i, first in enumerate(firsts):

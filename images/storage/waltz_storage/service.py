@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from waltz_client.wire.storage_messages import (
     FailureResponse,
     LastSessionInfoRequest,
     LastSessionInfoResponse,
+    LogInfoRequest,
+    LogInfoResponse,
     MaxTransactionIdRequest,
     MaxTransactionIdResponse,
     OpenRequest,
@@ -34,6 +35,8 @@ from waltz_client.wire.storage_messages import (
     RecordListResponse,
     RecordRequest,
     RecordResponse,
+    SegmentStats,
+    SetLogStartRequest,
     SetLowWaterMarkRequest,
     StorageError,
     StorageMessage,
@@ -57,7 +60,7 @@ from .errors import (
     TransactionNotFound,
     TruncateRefused,
 )
-from .metrics import StorageMetrics
+from .metrics import PublishingLock, StorageMetrics
 from .partition import DEFAULT_MAX_TORN_BYTES, DEFAULT_SEGMENT_BYTES, PartitionLog
 from .recovery import repair_hint
 
@@ -67,7 +70,7 @@ DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 # The newest store session the cluster metadata records for a partition (the server
 # writes a session there before it uses it). Blocking: called on a worker thread.
-SessionAuthority = Callable[[int], int]
+SessionAuthority = Callable[[int], int]  # partition -> what its metadata records
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,26 +105,35 @@ class PartitionService:
         self.failed_after_open = False  # an fsync failed: a restart recovers
         self._recovered_end = recovered_end  # a refused partition: where its intact log ends
         self._label = str(partition_id)
-        self._lock = threading.Lock()  # guards snapshot() against a concurrent process()
+        # Serialises process() and close(); on release it publishes the state that
+        # snapshot() returns, so a metrics scrape never waits behind an fsync.
+        self._lock = PublishingLock(self._state)
         # Set by the daemon when it follows ZooKeeper: a newer session is adopted only
         # once the metadata records it, so a stranger cannot fence the owner out.
         self.session_authority: SessionAuthority | None = None
+        # Likewise, the log start moves up only as far as the metadata records.
+        self.log_start_authority: SessionAuthority | None = None
         # A store session truncates only before it appends: no Truncate in a session
         # that appended here, or that was current when this node opened (a session
         # never continues on a replica it lost its connection to).
         self._no_truncate_through = self.info.fence_session_id
 
     def snapshot(self) -> dict[str, float]:
-        with self._lock:
-            log_ = self.log
-            return {
-                "max_transaction_id": log_.max_txid if log_ else self._recovered_end,
-                "low_water_mark": self.info.low_water_mark,
-                "local_low_water_mark": self.info.local_low_water_mark,
-                "session_id": self.info.fence_session_id,
-                "available": 0 if self.unavailable or log_ is None else 1,
-                "size_bytes": log_.size_bytes if log_ else 0,
-            }
+        """The state as of the last release of the lock (the end of a process() call),
+        without taking it: a scrape must not wait for an fsync in progress."""
+        return dict(self._lock.published)
+
+    def _state(self) -> dict[str, float]:
+        """Read under the lock (PublishingLock calls it on release)."""
+        log_ = self.log
+        return {
+            "max_transaction_id": log_.max_txid if log_ else self._recovered_end,
+            "low_water_mark": self.info.low_water_mark,
+            "local_low_water_mark": self.info.local_low_water_mark,
+            "session_id": self.info.fence_session_id,
+            "available": 0 if self.unavailable or log_ is None else 1,
+            "size_bytes": log_.size_bytes if log_ else 0,
+        }
 
     # --- the decisions ------------------------------------------------------------------
 
@@ -265,6 +277,26 @@ class PartitionService:
             )
         return None
 
+    def _check_log_start(self, log_start: int) -> None:
+        """Refuse a log start the cluster metadata does not record (a server records it
+        there before deleting anything), so no peer can wipe a partition's history."""
+        authority = self.log_start_authority
+        if authority is None:
+            return
+        p = self.partition_id
+        try:
+            recorded = authority(p)
+        except Exception as e:
+            raise TruncateRefused(
+                f"partition {p}: cannot check log start {log_start} against the cluster "
+                f"metadata ({type(e).__name__}: {e}); retry"
+            ) from None
+        if log_start > recorded:
+            raise TruncateRefused(
+                f"partition {p}: log start {log_start} is beyond the one the cluster metadata "
+                f"records ({recorded}); a server records the log start before moving it"
+            )
+
     def _dispatch(self, request: StorageMessage) -> StorageMessage | None:
         log_ = self.log
         assert log_ is not None
@@ -315,6 +347,20 @@ class PartitionService:
                         f"(a store session truncates only before it appends)"
                     )
                 log_.truncate(txid)
+                return SuccessResponse(s, q, p)
+            case LogInfoRequest():
+                stats = tuple(SegmentStats(*row) for row in log_.segment_stats())
+                return LogInfoResponse(s, q, p, log_.log_start, log_.max_txid, stats)
+            case SetLogStartRequest(log_start=start):
+                if start > log_.log_start:
+                    self._check_log_start(start)
+                    if start > log_.max_txid + 1 and s <= self._no_truncate_through:
+                        raise TruncateRefused(
+                            f"partition {self.partition_id}: session {s} may not skip this "
+                            f"replica ahead to {start}: it appended here"
+                        )
+                    freed = log_.advance_log_start(start)
+                    self._metrics.retention_deleted_bytes.labels(self._label).inc(freed)
                 return SuccessResponse(s, q, p)
             case RecordHeaderRequest(transaction_id=txid):
                 headers = log_.read_headers(txid, 1, max_bytes) if txid <= log_.max_txid else []
@@ -404,12 +450,18 @@ class StorageNode:
         self.partitions = services
         self.metrics = metrics
         self.session_authority: SessionAuthority | None = None
+        self.log_start_authority: SessionAuthority | None = None
 
-    def verify_sessions_with(self, authority: SessionAuthority) -> None:
-        """From now on, adopt a newer session only once the cluster metadata records it."""
+    def verify_sessions_with(
+        self, authority: SessionAuthority, log_starts: SessionAuthority | None = None
+    ) -> None:
+        """From now on, adopt a newer session (and move the log start up) only once the
+        cluster metadata records it."""
         self.session_authority = authority
+        self.log_start_authority = log_starts
         for svc in self.partitions.values():
             svc.session_authority = authority
+            svc.log_start_authority = log_starts
 
     @property
     def cluster_key(self) -> uuid.UUID:
@@ -544,6 +596,7 @@ class StorageNode:
             self.directory, self.control, partition_id, self.settings, self.metrics
         )
         svc.session_authority = self.session_authority
+        svc.log_start_authority = self.log_start_authority
         self.partitions = {**self.partitions, partition_id: svc}
         return svc
 
