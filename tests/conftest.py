@@ -79,6 +79,7 @@ def make_cluster(zookeeper, zk_root, tmp_path) -> Iterator:
         servers: int = 1,
         storages: int = 3,
         server_args=(),
+        storage_args=(),
         tls: bool = False,
     ) -> LocalCluster:
         cluster = LocalCluster(
@@ -89,6 +90,7 @@ def make_cluster(zookeeper, zk_root, tmp_path) -> Iterator:
             root=zk_root,
             servers=servers,
             server_args=[*FAST_FAILOVER, *server_args],
+            storage_args=list(storage_args),
             external_zookeeper=zookeeper.connect_string,
             tls=tls,
         )

@@ -405,6 +405,10 @@ class WaltzClient:
                 conn.send(MountRequest(q, hwm, link.stream_seq))
                 status = await asyncio.wait_for(state.mount_answer, self.config.mount_timeout)
             except (Forbidden, MissingTransactions) as e:
+                if isinstance(e, MissingTransactions) and not state.apply:
+                    # Only watching for our own appends (recent ones): go on from the start.
+                    state.applied = max(state.applied, e.first_available - 1)
+                    continue
                 # The policy may change, the application may restore from a snapshot: try
                 # again, a little later; meanwhile appends fail with the reason.
                 if state.refusal != str(e):
@@ -505,7 +509,12 @@ class WaltzClient:
                 log.info("partition %d: feed suspended: %s", state.partition_id, m.reason)
                 state.remount.set()
             case ErrorResponse(req_id=q) if q == state.mount_req:
-                if state.mount_answer is not None and not state.mount_answer.done():
+                if state.mount_answer is not None and state.mount_answer.done():
+                    # The feed of a settled mount ended (its next transaction went with
+                    # retention): mount again, which says why.
+                    log.info("partition %d: feed ended: %s", state.partition_id, m.message)
+                    state.remount.set()
+                elif state.mount_answer is not None:
                     if m.code == ErrorCode.TRUNCATED:
                         error = truncated(state.partition_id, state.applied + 1, m)
                     else:
@@ -889,7 +898,7 @@ class WaltzClient:
     ) -> RecordBatch | None:
         """One range read from ``first``; None at the end of the log (no ``stop``)."""
         answer = await self._rpc(
-            partition_id, lambda q: ReadRangeRequest(q, first, count, batch_bytes)
+            partition_id, lambda q: ReadRangeRequest(q, first, count, batch_bytes), requested=first
         )
         assert isinstance(answer, ReadRangeResponse)
         batch = answer.records

@@ -48,6 +48,7 @@ DEFAULTS = {
     "max_batch_bytes": 4 * MiB,
     "max_in_flight": 16,
     "checkpoint_interval": 1_000_000,
+    "retention_interval": 60.0,
     "storage_timeout": 5.0,
     "catch_up_inline_records": 5_000,
     "catch_up_rate": 128 * MiB,

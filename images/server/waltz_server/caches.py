@@ -99,3 +99,7 @@ class DataCache:
     def drop_above(self, high_water_mark: int) -> None:
         for txid in [t for t in self._data if t > high_water_mark]:
             self.bytes -= len(self._data.pop(txid)) + _ENTRY_OVERHEAD
+
+    def drop_below(self, log_start: int) -> None:
+        for txid in [t for t in self._data if t < log_start]:
+            self.bytes -= len(self._data.pop(txid)) + _ENTRY_OVERHEAD

@@ -100,6 +100,12 @@ SETTINGS = (
         "transactions after which a partition starts a new store session",
     ),
     Setting(
+        "retention_interval",
+        float_in(0.1, 86400.0),
+        60.0,
+        "seconds between a partition's retention steps (the policy: waltz cluster retention)",
+    ),
+    Setting(
         "storage_timeout",
         float_in(0.1, 600.0),
         5.0,
@@ -217,6 +223,7 @@ class ServerConfig:
     max_batch_bytes: int
     max_in_flight: int
     checkpoint_interval: int
+    retention_interval: float
     storage_timeout: float
     catch_up_inline_records: int
     catch_up_rate: int

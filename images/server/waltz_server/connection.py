@@ -490,6 +490,11 @@ class ClientConnectionHandler(asyncio.Protocol):
         if partition.state != State.ACTIVE:
             self._error(q, ErrorCode.NOT_READY, f"partition {q.partition_id}: {partition.status}")
             return
+        first = _first_transaction(message)
+        gone = partition.truncated_for(first) if first is not None else None
+        if gone is not None:
+            self._error(q, ErrorCode.TRUNCATED, gone)
+            return
         try:
             match message:
                 case HighWaterMarkRequest():
@@ -514,3 +519,12 @@ class ClientConnectionHandler(asyncio.Protocol):
                 "partition %d: %s failed: %s", q.partition_id, type(message).__name__, describe(e)
             )
             self._error(q, ErrorCode.STORAGE_UNAVAILABLE, describe(e))
+
+
+def _first_transaction(message: ClientMessage) -> int | None:
+    """The first transaction a read asks for."""
+    if isinstance(message, TransactionDataRequest):
+        return message.transaction_id
+    if isinstance(message, ReadRangeRequest):
+        return message.from_transaction_id
+    return None

@@ -33,6 +33,7 @@ from waltz_client.cluster.metadata import (
     ServerRegistration,
 )
 from waltz_client.cluster.paths import ClusterPaths
+from waltz_client.cluster.retention import RetentionPolicy
 from waltz_client.cluster.zk import ClusterError, close, connect
 from waltz_client.tls import TlsFiles
 
@@ -81,6 +82,8 @@ class ServerCoordinator:
         # Who may read or append which partition: nobody until the policy is first read
         # (its watch reports before ownership's, so no partition is served before).
         self.access: AccessPolicy = DENY_ALL
+        # How much of each partition to keep: everything until the policy is read.
+        self.retention = RetentionPolicy()
         # One rebalance task at a time. Every request sets the event; the task clears it
         # as an attempt starts, so requests during an attempt or a backoff coalesce.
         self._rebalance_task: asyncio.Task[None] | None = None
@@ -135,6 +138,7 @@ class ServerCoordinator:
         await self._run(self._register)
         self.connected = True
         self.zk.DataWatch(self.paths.access, self._access_changed)
+        self.zk.DataWatch(self.paths.retention, self._retention_changed)
         self.zk.DataWatch(self.paths.assignment, self._assignment_changed)
         self.zk.ChildrenWatch(self.paths.servers, self._servers_changed)
         self.zk.DataWatch(self.paths.ownership, self._ownership_changed)
@@ -209,6 +213,25 @@ class ServerCoordinator:
             log.error("ignoring an unreadable access policy (%s): %s", self.paths.access, e)
             return
         self._post(self._set_access, policy, "access policy: " + "; ".join(policy.describe()))
+
+    def _retention_changed(self, data, stat) -> None:
+        assert self.params is not None
+        try:
+            policy = (
+                RetentionPolicy()
+                if data is None
+                else RetentionPolicy.decode(data, self.params.num_partitions)
+            )
+        except MetadataError as e:
+            # Keep the last good policy: deleting on a guess cannot be undone.
+            log.error("ignoring an unreadable retention policy (%s): %s", self.paths.retention, e)
+            return
+        self._post(self._set_retention, policy)
+
+    def _set_retention(self, policy: RetentionPolicy) -> None:
+        if policy != self.retention:
+            log.info("retention policy: %s", "; ".join(policy.describe()))
+        self.retention = policy
 
     def _set_access(self, policy: AccessPolicy, description: str) -> None:
         if policy != self.access:

@@ -80,6 +80,10 @@ class Subscription:
         try:
             while not self.connection.closed:
                 hwm = p.high_water_mark
+                gone = p.truncated_for(self.cursor)
+                if gone is not None:
+                    p.end_truncated(self, gone)
+                    return
                 if self.cursor <= hwm and p.state == State.ACTIVE:
                     stop = min(hwm, self.cursor + p.settings.feed_batch - 1)
                     headers = await p.read_headers(self.cursor, stop)

@@ -56,6 +56,7 @@ class _PartitionCollector(Collector):
             "mounted_clients": "Client IDs mounted on an open connection (their newest "
             "mount is remembered)",
             "data_cache_bytes": "Bytes in the transaction data cache",
+            "log_start": "First transaction still served (retention deleted what is below)",
         }
         counters = {
             "appended": "Appends given a transaction ID",
@@ -91,6 +92,7 @@ class _PartitionCollector(Collector):
                 "feed_clients": len(part.subscriptions),
                 "mounted_clients": part.mounted_clients,
                 "data_cache_bytes": part.data_cache.bytes,
+                "log_start": part.log_start,
             }
             for n, v in values.items():
                 g[n].add_metric(label, v)

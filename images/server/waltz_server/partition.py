@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from waltz_client.cluster.retention import RetentionPolicy
 from waltz_client.wire.client_messages import (
     AppendRequest,
     ErrorCode,
@@ -49,6 +51,7 @@ from .feed import ClientConnection, State, Subscription
 from .partition_core import Ignored, LockConflict, PartitionCore, Resolved
 from .recovery import OwnSession
 from .recovery_manager import RecoveryContext, Superseded, start_session
+from .retention import retention_step
 from .store_session import StoreSession
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,7 @@ class PartitionSettings:
     checkpoint_interval: int = 1_000_000
     probe_interval: float = 2.0
     max_feeds: int = 10_000  # feeds and mounts of the partition at once (each commit wakes all)
+    retention_interval: float = 60.0  # seconds between retention steps
 
 
 @dataclass
@@ -83,12 +87,16 @@ class Partition:
         settings: PartitionSettings,
         on_superseded: Callable[[int, str], None] = lambda p, why: None,
         observe_commit: Callable[[float], None] = lambda seconds: None,
+        retention_policy: Callable[[], RetentionPolicy] = RetentionPolicy,
     ) -> None:
         self.partition_id = context.partition_id
         self.context = context
         self.settings = settings
         self._on_superseded = on_superseded
         self._observe_commit = observe_commit
+        self._retention_policy = retention_policy
+        # Retention: the first transaction still served; nothing below it is read.
+        self.log_start = 0
         self.state = State.RECOVERING
         self.status = "starting"
         self.core = PartitionCore(
@@ -119,6 +127,7 @@ class Partition:
         self._tasks = [
             loop.create_task(self._session_loop()),
             loop.create_task(self._append_loop()),
+            loop.create_task(self._retention_loop()),
         ]
 
     async def stop(self, reason: str) -> None:
@@ -223,6 +232,7 @@ class Partition:
 
     def _open(self, session: StoreSession) -> None:
         self.session = session
+        self.log_start = max(self.log_start, session.log_start)
         self.stats.sessions += 1
         # The lock table stays valid only if every transaction the recovery kept took
         # its locks here: this object ran the session that wrote last (any other writer,
@@ -252,6 +262,52 @@ class Partition:
                 settings=self.context.catch_up,
                 open_connection=self.context.open_connection,
             )
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.retention_interval)
+            await self.apply_retention()
+
+    async def apply_retention(self) -> None:
+        """One retention step (see ``retention``); failures wait for the next one."""
+        session = self.session
+        if self.state != State.ACTIVE or session is None or session.failed:
+            return
+        try:
+            await retention_step(
+                session=session,
+                metadata=self.context.metadata,
+                generation=self.generation,
+                policy=self._retention_policy(),
+                current=self.log_start,
+                high_water_mark=self.high_water_mark,
+                now_ms=int(time.time() * 1000),
+                publish=self._publish_log_start,
+            )
+        except Exception as e:  # ZooKeeper or storage unavailable: the next step retries
+            log.warning("partition %d: retention step failed: %s", self.partition_id, describe(e))
+
+    def _publish_log_start(self, log_start: int) -> None:
+        if log_start <= self.log_start:
+            return
+        log.info(
+            "partition %d: the log now starts at transaction %d (retention)",
+            self.partition_id,
+            log_start,
+        )
+        self.log_start = log_start
+        self.data_cache.drop_below(log_start)
+        for sub in list(self.subscriptions):
+            sub.wake.set()  # a feed behind the new start ends (truncated_for)
+
+    def truncated_for(self, txid: int) -> str | None:
+        """Why ``txid`` can no longer be read (below the log start), or None."""
+        if txid >= self.log_start:
+            return None
+        return (
+            f"partition {self.partition_id}: transaction {txid} is below the log start "
+            f"{self.log_start} (deleted by retention); the first available is {self.log_start}"
+        )
 
     def _stop_catch_ups(self) -> None:
         for catch_up in self._catch_ups.values():
@@ -415,6 +471,10 @@ class Partition:
     def _mount(self, connection: ClientConnection, m: MountRequest) -> None:
         q = m.req_id
         connection.feeds.discard(m)  # its place, held while queued, goes to its feed
+        gone = self.truncated_for(m.client_high_water_mark + 1)
+        if gone is not None:
+            connection.send(ErrorResponse(q, ErrorCode.TRUNCATED, gone).encode())
+            return
         sub = Subscription(self, connection, q, m.client_high_water_mark, mounted=True)
         status, previous = self.core.mount(
             q, m.connection_seq, connection, sub, MountResponse(q, MountStatus.READY).encode()
@@ -488,6 +548,12 @@ class Partition:
         self.subscriptions.pop(sub, None)
         sub.connection.feeds.discard(sub)
         self.core.feed_ended(sub)
+
+    def end_truncated(self, sub: Subscription, reason: str) -> None:
+        """A feed whose next transaction is below the log start: it can never go on."""
+        self._drop(sub)
+        if not sub.connection.closed:
+            sub.connection.send(ErrorResponse(sub.req_id, ErrorCode.TRUNCATED, reason).encode())
 
     def end_subscription(self, sub: Subscription, reason: str) -> None:
         """A feed that cannot go on: unregister it (flushes stop being routed to it) and

@@ -208,6 +208,8 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
                     refused.add(address)
                     continue
             positions[address] = a.vote  # clean up to here (a removed voter is only read)
+        if meta.log_start > 0:
+            await _apply_log_start(ctx, session_id, meta.log_start, clients, positions, refused)
         votes = {a: x.vote for a, x in assessments.items() if a not in refused}
         members: dict[str, Member] = {}
         lagging: dict[str, int] = {}
@@ -266,6 +268,7 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             previous_writer=writing_session(meta),
         )
         session.lagging = lagging
+        session.log_start = meta.log_start
         for address in set(clients) - set(members):
             await clients[address].close()
         handed_over = True
@@ -275,6 +278,40 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             for client in clients.values():
                 with contextlib.suppress(Exception):
                     await client.close()
+
+
+async def _apply_log_start(ctx, session_id, log_start, clients, positions, refused) -> None:
+    """Retention: every replica of the session drops what is below the partition's log
+    start; one whose log ends below it (empty, or far behind) skips ahead to start
+    empty there, and is then copied from there (nothing below it is kept anywhere)."""
+    p = ctx.partition_id
+    for address in sorted(positions):
+        client = clients[address]
+        if address in refused or address not in ctx.replicas or not client.speaks_retention:
+            continue
+        try:
+            await _timed(ctx, client.set_log_start(session_id, p, log_start))
+        except _RETRYABLE as e:
+            log.error(
+                "partition %d: replica %s left out of session %d: moving its log start to "
+                "%d failed: %s",
+                p,
+                address,
+                session_id,
+                log_start,
+                describe(e),
+            )
+            refused.add(address)
+            continue
+        if positions[address] < log_start - 1:
+            log.info(
+                "partition %d: replica %s skipped ahead from %d to the log start %d",
+                p,
+                address,
+                positions[address],
+                log_start,
+            )
+            positions[address] = log_start - 1
 
 
 async def _clean(ctx, session_id, client, clients, positions, votes, address, decided) -> None:

@@ -56,6 +56,7 @@ class WaltzServer:
             max_queue=config.max_queue,
             checkpoint_interval=config.checkpoint_interval,
             max_feeds=config.max_feeds_per_partition,
+            retention_interval=config.retention_interval,
         )
         self._owned: dict[int, int] = {}
         self._changes: asyncio.Queue[None] = asyncio.Queue()
@@ -213,6 +214,7 @@ class WaltzServer:
                 self.partition_settings,
                 self.superseded,
                 self.metrics.commit_seconds.labels(str(p)).observe,
+                lambda: self.coordinator.retention,
             )
             self.partitions[p] = partition
             partition.start()

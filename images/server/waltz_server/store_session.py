@@ -79,6 +79,8 @@ class StoreSession:
         # Replicas recovery left out, far behind, with their clean positions: the
         # partition copies them in the background (catch_up.py).
         self.lagging: dict[str, int] = {}
+        # Retention: the partition's log start when the session began (its metadata's).
+        self.log_start = 0
         # The session that wrote last before this one (its recovery resolved it; -1:
         # none). The partition keeps its lock table when it ran that session itself.
         self.previous_writer = previous_writer
