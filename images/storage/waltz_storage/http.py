@@ -22,7 +22,11 @@ def build_app(server: StorageServer) -> web.Application:
         )
 
     async def readyz(_: web.Request) -> web.Response:
-        unavailable = {p: svc.unavailable for p, svc in node.partitions.items() if svc.unavailable}
+        unavailable = {
+            p: svc.unavailable or svc.out_of_space
+            for p, svc in node.partitions.items()
+            if svc.unavailable or svc.out_of_space
+        }
         ready = server.listening and not unavailable
         body = {
             "ready": ready,

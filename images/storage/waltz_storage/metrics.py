@@ -151,6 +151,11 @@ class _PartitionCollector(Collector):
             "session_id": "Highest store session ID seen (requests of older ones are refused)",
             "available": "1 when the partition serves requests, 0 when it failed to open or sync",
             "size_bytes": "Bytes of segment files",
+            "log_start": "First transaction served (retention deleted the segments below)",
+            "out_of_space": "1 while appends find no space on the disk (they resume by "
+            "themselves once there is)",
+            "needs_restart": "1 after an fsync failed: only a restart makes the partition "
+            "serve again",
         }
         metrics = {
             name: GaugeMetricFamily(f"waltz_storage_partition_{name}", doc, labels=["partition"])

@@ -306,9 +306,13 @@ class Segment:
         """Write whole records at the end of the file (no fsync), one offset per record size."""
         start = self.size
         try:
-            written = os.pwrite(self._data_fd, data, start)
-            if written != len(data):
-                raise OSError(f"short write: {written} of {len(data)} bytes")
+            view = memoryview(data)
+            done = 0
+            while done < len(view):  # a short write: the next says why (ENOSPC, EFBIG)
+                written = os.pwrite(self._data_fd, view[done:], start + done)
+                if written <= 0:
+                    raise OSError(f"short write: {done} of {len(data)} bytes")
+                done += written
         except OSError:
             # Leave no partial record behind; the caller answers with an I/O error.
             os.ftruncate(self._data_fd, start)

@@ -9,6 +9,7 @@ Success is produced for an append before that fsync returns.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -68,9 +69,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
-# The newest store session the cluster metadata records for a partition (the server
-# writes a session there before it uses it). Blocking: called on a worker thread.
-SessionAuthority = Callable[[int], int]  # partition -> what its metadata records
+# What the cluster metadata records for a partition: its newest store session (the
+# server writes a session there before it uses it), or its log start. Blocking: called
+# on a worker thread.
+SessionAuthority = Callable[[int], int]
+# A write that fails for want of room: nothing reached the disk, so nothing is in doubt.
+OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,9 @@ class PartitionService:
         self.info = info or PartitionInfo()
         self.unavailable = unavailable  # why the partition serves nothing, or None
         self.failed_after_open = False  # an fsync failed: a restart recovers
+        # The disk is full (an append found no space): the partition still serves, the
+        # next append that fits clears it; none is acknowledged meanwhile.
+        self.out_of_space: str | None = None
         self._recovered_end = recovered_end  # a refused partition: where its intact log ends
         self._label = str(partition_id)
         # Serialises process() and close(); on release it publishes the state that
@@ -133,6 +140,9 @@ class PartitionService:
             "session_id": self.info.fence_session_id,
             "available": 0 if self.unavailable or log_ is None else 1,
             "size_bytes": log_.size_bytes if log_ else 0,
+            "log_start": log_.log_start if log_ else 0,
+            "out_of_space": 1 if self.out_of_space else 0,
+            "needs_restart": 1 if self.failed_after_open else 0,
         }
 
     # --- the decisions ------------------------------------------------------------------
@@ -182,6 +192,9 @@ class PartitionService:
             records += len(request.records)
             data_bytes += request.records.data_bytes
             responses[i] = SuccessResponse(request.session_id, request.seq, request.partition_id)
+        if self.out_of_space is not None:
+            log.warning("partition %d: appends fit on the disk again", self.partition_id)
+            self.out_of_space = None
         m.appended_records.labels(self._label).inc(records)
         m.appended_bytes.labels(self._label).inc(data_bytes)
         unsynced.clear()
@@ -213,6 +226,7 @@ class PartitionService:
         fenced = self._fence(request)
         if fenced is not None:
             return fenced
+        before = self.log.max_txid
         try:
             return self._dispatch(request)
         except NonContiguousAppend as e:
@@ -229,9 +243,31 @@ class PartitionService:
             log.error("partition %d: %s", self.partition_id, self.unavailable)
             return self._failure(request, StorageError.IO_ERROR, str(e))
         except OSError as e:
+            if isinstance(request, AppendRequest) and e.errno in OUT_OF_SPACE:
+                return self._no_space(request, before, e)
             # A failed write or fsync leaves the files and our view of them in doubt.
             self._fail(f"I/O error on {type(request).__name__}: {e}")
             return self._failure(request, StorageError.IO_ERROR, self.unavailable or "")
+
+    def _no_space(self, request: StorageMessage, before: int, error: OSError) -> FailureResponse:
+        """An append the disk had no room for: undo what of it was written (a write that
+        fails leaves page cache and files as they were, unlike a failed fsync), answer
+        IO_ERROR, and keep serving: the next append that fits recovers, no restart."""
+        assert self.log is not None
+        try:
+            self.log.truncate(before)
+        except OSError as e:
+            self._fail(f"out of space, and undoing a partial append failed: {e}")
+            return self._failure(request, StorageError.IO_ERROR, self.unavailable or "")
+        reason = (
+            f"partition {self.partition_id}: no space for an append in {self.log.directory} "
+            f"({error.strerror or error}); nothing was written. Free space (or let retention "
+            f"delete old segments): appends resume by themselves"
+        )
+        if self.out_of_space is None:
+            log.error("%s", reason)
+        self.out_of_space = reason
+        return self._failure(request, StorageError.IO_ERROR, reason)
 
     def _fence(self, request: StorageMessage) -> FailureResponse | None:
         """Refuse older sessions; adopt (durably, before anything else) a newer one."""
