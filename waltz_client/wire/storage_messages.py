@@ -31,6 +31,9 @@ _I64 = struct.Struct(">q")
 _U16 = struct.Struct(">H")
 
 MAX_ERROR_MESSAGE_BYTES = 4096
+# In an IO_ERROR's message: the storage node's disk had no room for an append (nothing
+# was written; the node recovers by itself once there is room).
+NO_SPACE_MESSAGE = "no space for an append"
 DEFAULT_MAX_LIST_RECORDS = 100_000
 
 

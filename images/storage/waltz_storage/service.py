@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from waltz_client.cluster.metadata import key_fingerprint
 from waltz_client.wire.storage_messages import (
+    NO_SPACE_MESSAGE,
     AppendRequest,
     FailureResponse,
     LastSessionInfoRequest,
@@ -260,7 +261,7 @@ class PartitionService:
             self._fail(f"out of space, and undoing a partial append failed: {e}")
             return self._failure(request, StorageError.IO_ERROR, self.unavailable or "")
         reason = (
-            f"partition {self.partition_id}: no space for an append in {self.log.directory} "
+            f"partition {self.partition_id}: {NO_SPACE_MESSAGE} in {self.log.directory} "
             f"({error.strerror or error}); nothing was written. Free space (or let retention "
             f"delete old segments): appends resume by themselves"
         )
