@@ -47,6 +47,7 @@ DEFAULTS = {
     "max_queue": 10_000,
     "max_batch_bytes": 4 * MiB,
     "max_in_flight": 16,
+    "max_member_backlog_bytes": 64 * MiB,
     "checkpoint_interval": 1_000_000,
     "retention_interval": 60.0,
     "storage_timeout": 5.0,

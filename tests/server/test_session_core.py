@@ -122,6 +122,31 @@ def test_a_member_too_far_behind_ends_the_session_at_the_next_batch():
     assert c.end_reason == "replica c is not keeping up"
 
 
+def test_a_member_too_far_behind_in_bytes_ends_the_session_before_the_count_does():
+    c = core(max_in_flight=16, max_member_backlog_bytes=1000)  # count bound: 128 batches
+    sent = 0
+    queue(c, 10, 5, size=50)
+    while (batch := c.next_batch(float(sent))) is not None:
+        c.acknowledged("a", batch)
+        c.acknowledged("b", batch)  # committed without c
+        sent += 1
+        queue(c, 10 + 5 * sent, 5, size=50)  # about 400 bytes a batch on the wire
+    assert c.end_reason == "replica c is not keeping up"
+    assert 2 <= sent <= 4  # 1000 bytes, not 128 batches
+    assert c.members["c"].unacked_bytes >= 1000
+
+
+def test_acknowledged_batches_no_longer_count_against_a_member():
+    c = core(max_member_backlog_bytes=1000)
+    for i in range(20):
+        queue(c, 10 + i, 1, size=300)
+        batch = c.next_batch(float(i))
+        assert batch is not None, c.end_reason
+        for member in "abc":
+            c.acknowledged(member, batch)
+    assert all(m.unacked_bytes == 0 for m in c.members.values())
+
+
 def test_the_reader_is_the_usable_member_that_acknowledged_the_most():
     c = core()
     queue(c, 10, 1)

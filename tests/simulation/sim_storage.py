@@ -46,6 +46,7 @@ class MemoryLog:
     """The part of ``PartitionLog`` that ``PartitionService`` uses, in memory."""
 
     directory = "(memory)"
+    log_start = 0  # the simulator runs no retention
 
     def __init__(self, partition_id: int) -> None:
         self.partition_id = partition_id

@@ -117,6 +117,19 @@ def test_a_replica_skips_ahead_past_its_end(tmp_path: Path):
     reopened.close()
 
 
+def test_a_skip_ahead_interrupted_by_a_crash_is_finished_at_the_next_open(tmp_path: Path):
+    filled_log(tmp_path, count=100).close()
+    from waltz_storage.log_start import write_log_start
+
+    write_log_start(str(tmp_path), 5000)  # the crash: before the new segment existed
+    reopened = open_log(tmp_path)
+    assert (reopened.first_txid, reopened.max_txid) == (5000, 4999)
+    assert segment_files(tmp_path) == [f"{5000:019d}.seg"]
+    reopened.append(RecordBatch.from_records(make_records(5000, 2)))
+    reopened.sync()
+    reopened.close()
+
+
 def test_a_damaged_log_start_file_refuses_the_partition_and_says_so(tmp_path: Path):
     filled_log(tmp_path).close()
     (tmp_path / LOG_START_FILE).write_bytes(b"\x00" * 12)

@@ -94,6 +94,12 @@ SETTINGS = (
     ),
     Setting("max_in_flight", int_in(1, 1024), 16, "storage Appends in flight per partition"),
     Setting(
+        "max_member_backlog_bytes",
+        size_at_least(1024 * 1024),
+        "64MiB",
+        "unanswered Appends to one replica before the session leaves it behind",
+    ),
+    Setting(
         "checkpoint_interval",
         int_in(1, 2**62),
         1_000_000,
@@ -222,6 +228,7 @@ class ServerConfig:
     max_queue: int
     max_batch_bytes: int
     max_in_flight: int
+    max_member_backlog_bytes: int
     checkpoint_interval: int
     retention_interval: float
     storage_timeout: float

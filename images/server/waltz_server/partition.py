@@ -18,8 +18,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from waltz_client.cluster.retention import RetentionPolicy
 from waltz_client.wire.client_messages import (
@@ -55,6 +56,7 @@ from .retention import retention_step
 from .store_session import StoreSession
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -361,6 +363,7 @@ class Partition:
             ]
             now = asyncio.get_running_loop().time()
             session.check_stragglers(now, self.context.connect_timeout)
+            await session.ping(self.context.connect_timeout)
             if session.ended.done():
                 return str(session.ended.exception())
             if (
@@ -578,6 +581,17 @@ class Partition:
         self._paused.pop(connection, None)
         self.core.connection_closed(connection)
 
+    async def _storage_read(self, call: Awaitable[T]) -> T:
+        """A read from a storage node, within ``storage_timeout``: a wedged node must not
+        hold a feed or a client's read for ever (they retry, perhaps on another member)."""
+        try:
+            return await asyncio.wait_for(call, self.context.connect_timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"partition {self.partition_id}: a storage read took more than "
+                f"{self.context.connect_timeout:g} s"
+            ) from None
+
     async def read_headers(self, start: int, stop: int) -> list[bytes]:
         cached = self.feed_cache.get(start, stop)
         if cached is not None:
@@ -588,8 +602,10 @@ class Partition:
             await asyncio.sleep(0.05)
             return []
         try:
-            headers = await member.client.record_headers(
-                session.session_id, self.partition_id, start, stop - start + 1
+            headers = await self._storage_read(
+                member.client.record_headers(
+                    session.session_id, self.partition_id, start, stop - start + 1
+                )
             )
         except Exception as e:
             log.info(
@@ -616,7 +632,9 @@ class Partition:
         member = session.reader(txid) if session is not None else None
         if member is None:
             raise RuntimeError(f"partition {self.partition_id} has no readable replica now")
-        record = await member.client.record(session.session_id, self.partition_id, txid)
+        record = await self._storage_read(
+            member.client.record(session.session_id, self.partition_id, txid)
+        )
         self.data_cache.put(txid, record.data)
         return record.data
 
@@ -629,7 +647,9 @@ class Partition:
         if member is None:
             raise RuntimeError(f"partition {self.partition_id} has no readable replica now")
         count = min(max_records, hwm - start + 1)
-        batch = await member.client.records(session.session_id, self.partition_id, start, count)
+        batch = await self._storage_read(
+            member.client.records(session.session_id, self.partition_id, start, count)
+        )
         spans, size = [], 0
         for span in batch.spans:
             if span[0] > hwm or (spans and size + span[2] > max_bytes):

@@ -78,6 +78,7 @@ class RecoveryContext:
     retry_delay: float = 1.0
     max_batch_bytes: int = 4 * 1024 * 1024
     max_in_flight: int = 16
+    max_member_backlog_bytes: int = 64 * 1024 * 1024
     catch_up: CatchUpSettings = field(default_factory=CatchUpSettings)
     # How storage nodes are reached (a simulated network in tests/simulation).
     open_connection: OpenConnection = asyncio.open_connection
@@ -265,6 +266,7 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             on_commit,
             max_batch_bytes=ctx.max_batch_bytes,
             max_in_flight=ctx.max_in_flight,
+            max_member_backlog_bytes=ctx.max_member_backlog_bytes,
             previous_writer=writing_session(meta),
         )
         session.lagging = lagging

@@ -203,6 +203,7 @@ class WaltzServer:
                 connect_timeout=self.config.storage_timeout,
                 max_batch_bytes=self.config.max_batch_bytes,
                 max_in_flight=self.config.max_in_flight,
+                max_member_backlog_bytes=self.config.max_member_backlog_bytes,
                 catch_up=CatchUpSettings(
                     inline_records=self.config.catch_up_inline_records,
                     rate=self.config.catch_up_rate,

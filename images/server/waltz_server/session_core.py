@@ -13,9 +13,10 @@ Rules (docs/server.md, "Sessions"):
 - A batch commits when a majority of *all* the partition's replicas (not of the
   members) has acknowledged it; members acknowledge in order, so batches commit in
   order.
-- A member that fails, leaves more than 8 x ``max_in_flight`` batches unanswered, or
-  leaves one unanswered longer than the timeout, ends the session: a replica never
-  rejoins a session it left.
+- A member that fails, leaves more than 8 x ``max_in_flight`` batches or more than
+  ``max_member_backlog_bytes`` of them unanswered (they wait in its connection's send
+  buffer, in the server's memory), or leaves one unanswered longer than the timeout,
+  ends the session: a replica never rejoins a session it left.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Batch:
 class MemberState:
     acked: int  # highest transaction ID it acknowledged in this session
     unacked: deque[float] = field(default_factory=deque)  # send times, oldest first
+    unacked_sizes: deque[int] = field(default_factory=deque)  # their bytes, in order
+    unacked_bytes: int = 0
 
 
 class SessionCore:
@@ -55,6 +58,7 @@ class SessionCore:
         *,
         max_batch_bytes: int = 4 * 1024 * 1024,
         max_in_flight: int = 16,
+        max_member_backlog_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.members = {address: MemberState(high_water_mark) for address in members}
         self.quorum = replica_count // 2 + 1
@@ -66,6 +70,7 @@ class SessionCore:
         self._max_batch_bytes = max_batch_bytes
         self._max_backlog_bytes = max_batch_bytes * max_in_flight
         self._max_member_backlog = 8 * max_in_flight
+        self._max_member_backlog_bytes = max_member_backlog_bytes
         self._queued: list[bytes] = []
         self._queued_spans: list[tuple[int, int, int]] = []
         self._queued_bytes = 0
@@ -112,7 +117,10 @@ class SessionCore:
         if self.ended or not self._queued or not self.window_open:
             return None
         for address, member in self.members.items():
-            if len(member.unacked) >= self._max_member_backlog:
+            if (
+                len(member.unacked) >= self._max_member_backlog
+                or member.unacked_bytes >= self._max_member_backlog_bytes
+            ):
                 # A quorum keeps committing without it; its requests would pile up.
                 self.end(f"replica {address} is not keeping up")
                 return None
@@ -121,6 +129,8 @@ class SessionCore:
         self.in_flight.append(batch)
         for member in self.members.values():
             member.unacked.append(now)
+            member.unacked_sizes.append(len(buf))
+            member.unacked_bytes += len(buf)
         return batch
 
     def acknowledged(self, address: str, batch: Batch) -> list[Batch]:
@@ -131,6 +141,7 @@ class SessionCore:
         member.acked = batch.last
         if member.unacked:
             member.unacked.popleft()
+            member.unacked_bytes -= member.unacked_sizes.popleft()
         batch.acked_by.add(address)
         committed = []
         while self.in_flight and len(self.in_flight[0].acked_by) >= self.quorum:

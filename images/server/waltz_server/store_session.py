@@ -57,6 +57,7 @@ class StoreSession:
         *,
         max_batch_bytes: int = 4 * 1024 * 1024,
         max_in_flight: int = 16,
+        max_member_backlog_bytes: int = 64 * 1024 * 1024,
         previous_writer: int = -1,
     ) -> None:
         self.partition_id = partition_id
@@ -69,6 +70,7 @@ class StoreSession:
             high_water_mark,
             max_batch_bytes=max_batch_bytes,
             max_in_flight=max_in_flight,
+            max_member_backlog_bytes=max_member_backlog_bytes,
         )
         self._on_commit = on_commit
         self._drained = asyncio.Event()
@@ -220,6 +222,27 @@ class StoreSession:
             self._committed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._committed.wait(), remaining)
+
+    async def ping(self, timeout: float) -> None:
+        """An idle session's check that every member still answers (a cheap Max
+        Transaction ID request): one that does not within ``timeout`` seconds (a dead or
+        paused node, a cut link that sent no reset) ends the session, which the next
+        leaves it out of, instead of the first append after a quiet spell finding out."""
+        if self.ended.done() or not self.core.drained():
+            return  # appends in flight: check_stragglers watches them
+
+        async def one(member: Member) -> None:
+            try:
+                await asyncio.wait_for(
+                    member.client.max_transaction_id(self.session_id, self.partition_id),
+                    timeout,
+                )
+            except TimeoutError:
+                self._failed(member, f"did not answer a ping within {timeout:g} s")
+            except Exception as e:
+                self._failed(member, f"ping failed: {describe(e)}")
+
+        await asyncio.gather(*(one(m) for m in self.members.values()))
 
     def check_stragglers(self, now: float, timeout: float) -> None:
         """End the session if a member has left a request unanswered for ``timeout`` s

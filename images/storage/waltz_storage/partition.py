@@ -95,7 +95,12 @@ class PartitionLog:
             for seg in segments:
                 seg.close()
             raise
-        return cls(directory, partition_id, cluster_key, segments, segment_bytes, log_start)
+        log_ = cls(directory, partition_id, cluster_key, segments, segment_bytes, log_start)
+        if log_.log_start > log_.max_txid + 1:
+            # A skip-ahead a crash interrupted (the log-start file written, the new
+            # segment not yet): finish it, or appends at the log start never fit.
+            log_._start_empty_at_log_start()
+        return log_
 
     @property
     def first_txid(self) -> int:
@@ -177,25 +182,35 @@ class PartitionLog:
             return 0
         write_log_start(self.directory, log_start)  # first: a crash leaves leftovers only
         self.log_start = log_start
-        freed = 0
         if log_start > self.max_txid + 1:
-            self.segments[-1].seal()
-            self.segments.append(
-                Segment.create(self.directory, self.partition_id, self.cluster_key, log_start)
-            )
-        while len(self.segments) > 1 and self.segments[1].first_txid <= log_start:
-            seg = self.segments.pop(0)
-            seg.close()
-            freed += seg.size
-            os.unlink(seg.index_path)  # the index first: a .seg alone is a leftover by name
-            os.unlink(seg.data_path)
-        fsync_directory(self.directory)
+            freed = self._start_empty_at_log_start()
+        else:
+            freed = self._delete_below_log_start()
         log.info(
             "partition %d: log starts at transaction %d (%d bytes deleted)",
             self.partition_id,
             log_start,
             freed,
         )
+        return freed
+
+    def _start_empty_at_log_start(self) -> int:
+        """Skip ahead: a new empty segment named by the log start, the rest deleted."""
+        self.segments[-1].seal()
+        self.segments.append(
+            Segment.create(self.directory, self.partition_id, self.cluster_key, self.log_start)
+        )
+        return self._delete_below_log_start()
+
+    def _delete_below_log_start(self) -> int:
+        freed = 0
+        while len(self.segments) > 1 and self.segments[1].first_txid <= self.log_start:
+            seg = self.segments.pop(0)
+            seg.close()
+            freed += seg.size
+            os.unlink(seg.index_path)  # the index first: a .seg alone is a leftover by name
+            os.unlink(seg.data_path)
+        fsync_directory(self.directory)
         return freed
 
     def segment_stats(self) -> list[tuple[int, int, int, int]]:
