@@ -48,6 +48,7 @@ DEFAULTS = {
     "max_batch_bytes": 4 * MiB,
     "max_in_flight": 16,
     "max_member_backlog_bytes": 64 * MiB,
+    "memory_budget_bytes": 2048 * MiB,
     "checkpoint_interval": 1_000_000,
     "retention_interval": 60.0,
     "storage_timeout": 5.0,

@@ -27,7 +27,7 @@ class Put(TransactionContext):
     def __init__(self, data: bytes) -> None:
         self.data = data
 
-    def partition(self, num_partitions: int) -> int:
+    def partition_id(self, num_partitions: int) -> int:
         return 0
 
     def execute(self, builder: TransactionBuilder) -> bool:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 class Put(TransactionContext):
-    def partition(self, num_partitions: int) -> int:
+    def partition_id(self, num_partitions: int) -> int:
         return 0
 
     def execute(self, builder: TransactionBuilder) -> bool:

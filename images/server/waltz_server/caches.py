@@ -19,11 +19,20 @@ _ENTRY_OVERHEAD = 64  # what a cached bytes object costs beyond its payload, rou
 
 class FeedCache:
     def __init__(self, max_bytes: int) -> None:
+        self._entries: list[bytes] = []
+        self._base = 0  # transaction ID of _entries[0]
+        self.resize(max_bytes)
+
+    def resize(self, max_bytes: int) -> None:
+        """A new bound (the server's memory budget changed); the oldest go at once."""
+        self.max_bytes = max_bytes
         # Trimming happens at twice max_entries (amortised O(1) per add), so that bound,
         # not max_entries, is what has to fit in max_bytes.
         self.max_entries = max(1, max_bytes // (2 * (HEADER_BYTES + _ENTRY_OVERHEAD)))
-        self._entries: list[bytes] = []
-        self._base = 0  # transaction ID of _entries[0]
+        if len(self._entries) > self.max_entries:
+            drop = len(self._entries) - self.max_entries
+            del self._entries[:drop]
+            self._base += drop
 
     @property
     def first(self) -> int:
@@ -35,6 +44,10 @@ class FeedCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        return len(self._entries) * (HEADER_BYTES + _ENTRY_OVERHEAD)
 
     def reset(self, high_water_mark: int) -> None:
         """After recovery: empty, expecting ``high_water_mark + 1`` next."""
@@ -95,6 +108,13 @@ class DataCache:
         self._data.move_to_end(transaction_id)
         self.hits += 1
         return data
+
+    def resize(self, max_bytes: int) -> None:
+        """A new bound (the server's memory budget changed); least recently used go."""
+        self.max_bytes = max_bytes
+        while self.bytes > self.max_bytes and self._data:
+            _, evicted = self._data.popitem(last=False)
+            self.bytes -= len(evicted) + _ENTRY_OVERHEAD
 
     def drop_above(self, high_water_mark: int) -> None:
         for txid in [t for t in self._data if t > high_water_mark]:

@@ -94,6 +94,12 @@ SETTINGS = (
     ),
     Setting("max_in_flight", int_in(1, 1024), 16, "storage Appends in flight per partition"),
     Setting(
+        "memory_budget_bytes",
+        size_at_least(64 * 1024 * 1024),
+        "2GiB",
+        "what the owned partitions' caches and backlogs may hold together (caches shrink)",
+    ),
+    Setting(
         "max_member_backlog_bytes",
         size_at_least(1024 * 1024),
         "64MiB",
@@ -229,6 +235,7 @@ class ServerConfig:
     max_batch_bytes: int
     max_in_flight: int
     max_member_backlog_bytes: int
+    memory_budget_bytes: int
     checkpoint_interval: int
     retention_interval: float
     storage_timeout: float

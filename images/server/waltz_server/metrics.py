@@ -36,6 +36,41 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.registry.register(_PartitionCollector(server))
+        self.registry.register(_MemoryCollector(server))
+
+
+class _MemoryCollector(Collector):
+    """The memory budget (memory_budget.py): the budget, what the owned partitions may
+    hold within it, and what their caches hold now."""
+
+    def __init__(self, server: WaltzServer) -> None:
+        self._server = server
+
+    def collect(self):
+        server = self._server
+        partitions = list(server.partitions.values())
+        values = {
+            "budget_bytes": (
+                "memory_budget_bytes: what the owned partitions' caches and backlogs may "
+                "hold together",
+                server.config.memory_budget_bytes,
+            ),
+            "bounded_bytes": (
+                "What the owned partitions may hold at most (caches as sized by the budget, "
+                "and backlogs)",
+                server.bounds.total * len(partitions),
+            ),
+            "cache_limit_bytes": (
+                "Each owned partition's feed and data cache bound, after the budget",
+                server.bounds.feed_cache_bytes + server.bounds.data_cache_bytes,
+            ),
+            "cache_bytes": (
+                "Bytes the owned partitions' caches hold now",
+                sum(p.data_cache.bytes + p.feed_cache.bytes for p in partitions),
+            ),
+        }
+        for name, (doc, value) in values.items():
+            yield GaugeMetricFamily(f"waltz_server_memory_{name}", doc, value=value)
 
 
 class _PartitionCollector(Collector):

@@ -22,6 +22,7 @@ from .client_identity import ClientBindings
 from .config import ServerConfig
 from .connection import ClientConnectionHandler, ConnectionLimits
 from .coordinator import ServerCoordinator
+from .memory_budget import PartitionBounds, partition_bounds
 from .metrics import ServerMetrics
 from .partition import Partition, PartitionSettings
 from .recovery_manager import RecoveryContext
@@ -57,6 +58,13 @@ class WaltzServer:
             checkpoint_interval=config.checkpoint_interval,
             max_feeds=config.max_feeds_per_partition,
             retention_interval=config.retention_interval,
+        )
+        self.bounds: PartitionBounds = partition_bounds(
+            config.memory_budget_bytes,
+            0,
+            feed_cache_bytes=config.feed_cache_bytes,
+            data_cache_bytes=config.data_cache_bytes,
+            backlog_bytes=config.max_batch_bytes * config.max_in_flight,
         )
         self._owned: dict[int, int] = {}
         self._changes: asyncio.Queue[None] = asyncio.Queue()
@@ -142,6 +150,7 @@ class WaltzServer:
         partition = self.partitions.get(partition_id)
         if partition is not None:
             self.partitions.pop(partition_id, None)
+            self._apply_memory_budget()
             spawn(
                 self._stop(partition, reason),
                 self._background,
@@ -186,6 +195,7 @@ class WaltzServer:
                     else "no replicas assigned"
                 )
                 await self._stop(partition, why)
+        self._apply_memory_budget()
         for p, generation in sorted(self._owned.items()):
             if p in self.partitions:
                 continue
@@ -218,6 +228,7 @@ class WaltzServer:
                 lambda: self.coordinator.retention,
             )
             self.partitions[p] = partition
+            self._apply_memory_budget()
             partition.start()
             log.info(
                 "partition %d: serving with generation %d, replicas %s",
@@ -225,6 +236,21 @@ class WaltzServer:
                 generation,
                 ", ".join(replicas),
             )
+
+    def _apply_memory_budget(self) -> None:
+        """Size every owned partition's caches so that together they stay within
+        ``memory_budget_bytes`` (``memory_budget``)."""
+        s = self.partition_settings
+        self.bounds = partition_bounds(
+            self.config.memory_budget_bytes,
+            len(self.partitions),
+            feed_cache_bytes=s.feed_cache_bytes,
+            data_cache_bytes=s.data_cache_bytes,
+            backlog_bytes=self.config.max_batch_bytes * self.config.max_in_flight,
+        )
+        for partition in self.partitions.values():
+            partition.feed_cache.resize(self.bounds.feed_cache_bytes)
+            partition.data_cache.resize(self.bounds.data_cache_bytes)
 
     async def close(self) -> None:
         if self._reconciler is not None:
