@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import threading
 import uuid
 from pathlib import Path
 
@@ -220,6 +221,51 @@ def test_partial_frames_share_a_budget_and_all_of_them_finish(serve):
             assert peak <= 2 * MiB + len(frames[0]) + 3 * 256 * 1024
 
     run(go(), timeout=60)
+
+
+def test_reads_queued_on_all_connections_share_a_node_budget(serve):
+    """A slow disk (an fsync that blocks) holds partition 0's worker while four
+    connections queue reads behind it, each counted as an 8 MiB reply. Each connection
+    alone stays within its own limit (64 MiB); together they would queue 320 MiB. The node
+    stops reading them at its budget (48 MiB), and answers everything once the disk is
+    back."""
+
+    async def go() -> None:
+        async with serve(node_queue_max_bytes=48 * MiB) as node:
+            async with await node.client() as good:
+                await good.append(SESSION, 0, records(0, 4, 1024))
+            log_ = node.node.partitions[0].log
+            disk_back = threading.Event()
+            real_sync = log_.sync
+            log_.sync = lambda: (disk_back.wait(30), real_sync())[1]
+            slow = await node.client()
+            stuck = asyncio.ensure_future(slow.append(SESSION, 0, records(4, 1, 1024)))
+            conns = []
+            for _ in range(4):
+                reader, writer = await raw_connect(node)
+                writer.write(OpenRequest(-1, 0, -1, node.key, 3).encode())
+                reply = await reader.readexactly(4)
+                await reader.readexactly(struct.unpack(">I", reply)[0])
+                conns.append((reader, writer))
+            for seq in range(1, 11):
+                for _, writer in conns:
+                    writer.write(RecordListRequest(SESSION, seq, 0, 0, 4).encode())
+            await asyncio.sleep(1.0)
+            queued = node.server.queued_bytes
+            assert 48 * MiB <= queued <= 48 * MiB + 8 * MiB * 4, queued
+            assert len(node.server.waiting) == 4
+            disk_back.set()
+            await stuck
+            for reader, _ in conns:
+                for _ in range(10):
+                    head = await reader.readexactly(4)
+                    await reader.readexactly(struct.unpack(">I", head)[0])
+            assert node.server.queued_bytes == 0 and not node.server.waiting
+            for _, writer in conns:
+                writer.close()
+            await slow.close()
+
+    run(go())
 
 
 def test_the_limits_are_settings_of_the_daemon(storage_factory):

@@ -85,6 +85,12 @@ SETTINGS = [
         "queued bytes per connection before it stops reading",
     ),
     Setting(
+        "node_queue_max_bytes",
+        size_at_least(64 * 1024),
+        "512MiB",
+        "queued bytes on all connections together before the one queueing more stops reading",
+    ),
+    Setting(
         "write_group_max_bytes",
         size_at_least(4096),
         "8MiB",
@@ -135,6 +141,7 @@ class StorageConfig:
     max_frame_bytes: int
     queue_max_requests: int
     queue_max_bytes: int
+    node_queue_max_bytes: int
     write_group_max_bytes: int
     zk_tls_cert: str
     zk_tls_key: str

@@ -34,6 +34,7 @@ async def serve(config: StorageConfig) -> int:
         max_frame_bytes=config.max_frame_bytes,
         queue_max_requests=config.queue_max_requests,
         queue_max_bytes=config.queue_max_bytes,
+        node_queue_max_bytes=config.node_queue_max_bytes,
         write_group_max_bytes=config.write_group_max_bytes,
         tls=TlsContexts(config.tls, listening=True) if config.tls.enabled else None,
         allowed_peers=config.tls_allowed_peers,

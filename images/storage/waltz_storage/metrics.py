@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -69,6 +69,12 @@ class StorageMetrics:
             registry=r,
         )
         self.connections = Counter("waltz_storage_connections", "Connections accepted", registry=r)
+        self.queued_bytes = Gauge(
+            "waltz_storage_queued_bytes",
+            "Requests queued on all connections, reads counted as their largest reply "
+            "(node_queue_max_bytes bounds it)",
+            registry=r,
+        )
         self.retention_deleted_bytes = Counter(
             "waltz_storage_retention_deleted_bytes",
             "Bytes of segments deleted below the partition's log start (retention)",

@@ -67,6 +67,8 @@ class ServerSettings:
     limits: Limits = DEFAULT_LIMITS
     queue_max_requests: int = 1024  # per connection, before it stops reading
     queue_max_bytes: int = 64 * 1024 * 1024
+    # All connections together: past it, a connection that queues more stops reading.
+    node_queue_max_bytes: int = 512 * 1024 * 1024
     write_group_max_bytes: int = 8 * 1024 * 1024  # requests one worker hands over at once
     unopened_max_frame_bytes: int = 64 * 1024  # before Open checked the cluster key
     write_buffer_max_bytes: int = 16 * 1024 * 1024  # unsent responses, per connection
@@ -163,6 +165,7 @@ class StorageConnection(asyncio.Protocol):
         self._queued_requests = 0
         self._queued_bytes = 0
         self._paused = False  # too much queued
+        self._node_paused = False  # too much queued on the whole node
         self._write_blocked = False  # the peer is not reading its responses
         self._over_budget = False  # partial frames of all connections over the budget
         self._reading_paused = False
@@ -210,6 +213,7 @@ class StorageConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._backlog.clear()
+        self._server.waiting.pop(self, None)
         self._server.guard.forget(self, self._frame.partial)
 
     def pause_writing(self) -> None:
@@ -225,7 +229,13 @@ class StorageConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        stop = self._paused or self._write_blocked or self._over_budget or bool(self._backlog)
+        stop = (
+            self._paused
+            or self._node_paused
+            or self._write_blocked
+            or self._over_budget
+            or bool(self._backlog)
+        )
         if stop and not self._reading_paused:
             self._reading_paused = True
             transport.pause_reading()
@@ -292,7 +302,7 @@ class StorageConnection(asyncio.Protocol):
         backlog = self._backlog
         try:
             while backlog and self._transport is not None:
-                if self._paused or self._write_blocked:
+                if self._paused or self._node_paused or self._write_blocked:
                     break
                 message_type, body = backlog.popleft()
                 request = decode_request(message_type, body, self._settings.limits)
@@ -371,6 +381,10 @@ class StorageConnection(asyncio.Protocol):
             size = max(size, self._server.node.settings.max_response_bytes)
         self._queued_requests += 1
         self._queued_bytes += size
+        if self._server.queue_grew(size) and not self._node_paused:
+            self._node_paused = True
+            self._server.waiting[self] = None
+            self._update_reading()
         if not self._paused and (
             self._queued_requests >= self._settings.queue_max_requests
             or self._queued_bytes >= self._settings.queue_max_bytes
@@ -383,6 +397,7 @@ class StorageConnection(asyncio.Protocol):
         """A worker's answer to one of this connection's queued requests."""
         self._queued_requests -= 1
         self._queued_bytes -= size
+        self._server.queue_shrank(size)
         if self._transport is None:
             return
         self._send(response)
@@ -392,6 +407,11 @@ class StorageConnection(asyncio.Protocol):
         ):
             self._paused = False
             self._work_through_backlog()
+
+    def node_resumed(self) -> None:
+        """The node's queues fell below half their budget: take requests again."""
+        self._node_paused = False
+        self._work_through_backlog()
 
     def _send(self, response: StorageMessage) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -426,6 +446,24 @@ class StorageServer:
         )
         self._server: asyncio.Server | None = None
         self.guard = PeerGuard(self.settings.peer, "successful Open")
+        # Bytes queued on all connections (reads counted as their largest reply), and the
+        # connections that stopped reading because of it.
+        self.queued_bytes = 0
+        self.waiting: dict[StorageConnection, None] = {}
+
+    def queue_grew(self, size: int) -> bool:
+        """Count ``size`` more queued bytes; True when the node is at its budget."""
+        self.queued_bytes += size
+        self.node.metrics.queued_bytes.set(self.queued_bytes)
+        return self.queued_bytes >= self.settings.node_queue_max_bytes
+
+    def queue_shrank(self, size: int) -> None:
+        self.queued_bytes -= size
+        self.node.metrics.queued_bytes.set(self.queued_bytes)
+        if self.waiting and self.queued_bytes <= self.settings.node_queue_max_bytes // 2:
+            waiting, self.waiting = self.waiting, {}
+            for conn in waiting:
+                conn.node_resumed()
 
     @property
     def connections(self) -> set[StorageConnection]:
