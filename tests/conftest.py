@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from waltz_client.local.cluster import LocalCluster
 from waltz_client.local.zookeeper import (
@@ -21,6 +22,11 @@ from waltz_client.local.zookeeper import (
     find_java,
     find_zookeeper_classpath,
 )
+
+# Property tests run on a busy 2-core machine beside processes of other tests: a
+# per-example deadline only measures the machine's load, so there is none.
+settings.register_profile("waltz", deadline=None)
+settings.load_profile("waltz")
 
 # Parallel workers (pytest-xdist, `make test`) pick local cluster ports from disjoint
 # slices (waltz_client.local.cluster._port_range says why).

@@ -24,6 +24,7 @@ from waltz_client.cluster.metadata import (
 from waltz_operator.metrics import OperatorMetrics
 from waltz_operator.observe import ServerPartition, combine, parse_server_metrics
 from waltz_operator.rollout import PartitionState
+from waltz_server.memory_budget import PartitionBounds
 from waltz_server.metrics import ServerMetrics
 
 A, B, C, D = "10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000", "10.0.0.4:7000"
@@ -49,6 +50,8 @@ def fake_partition(
         subscriptions=[object()],
         mounted_clients=1,
         data_cache=SimpleNamespace(bytes=100, hits=2, misses=1),
+        feed_cache=SimpleNamespace(bytes=50),
+        log_start=0,
         stats=SimpleNamespace(appended=hwm + 1, committed=hwm + 1, lock_failures=0, ignored=0),
         feed_sent=hwm + 1,
         replica_positions=lambda: dict(positions),
@@ -60,7 +63,12 @@ def server_metrics_text(partitions: dict[int, SimpleNamespace]) -> str:
     collector (with a commit histogram and a labelled counter, as a live server has)."""
     for part in partitions.values():
         part.stats.sessions = 1
-    metrics = ServerMetrics(SimpleNamespace(partitions=partitions))
+    server = SimpleNamespace(
+        partitions=partitions,
+        config=SimpleNamespace(memory_budget_bytes=2 << 30),
+        bounds=PartitionBounds(16 << 20, 64 << 20, 64 << 20),
+    )
+    metrics = ServerMetrics(server)
     for p in partitions:
         metrics.commit_seconds.labels(str(p)).observe(0.003)
     metrics.client_errors.labels("bad-frame").inc()
