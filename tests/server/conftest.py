@@ -18,6 +18,7 @@ from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_client.local.cluster import LocalCluster
+from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_client.wire.client_messages import (
     AppendRequest,
     ClientMessage,
@@ -33,6 +34,21 @@ from waltz_client.wire.client_messages import (
 from waltz_client.wire.records import RecordHeader, ReqId
 from waltz_client.wire.server_connection import ServerConnection
 from waltz_storage.inspect import read_records, segment_paths
+
+
+class Put(TransactionContext):
+    """Append ``data`` (with ``header``) to ``partition``, no locks."""
+
+    def __init__(self, data: bytes = b"x", partition: int = 0, header: int = 0) -> None:
+        self.data, self.target, self.header = data, partition, header
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.target
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(self.header)
+        builder.set_data(self.data)
+        return True
 
 
 def ownership(cluster: LocalCluster) -> dict[int, tuple[str | None, int]]:

@@ -15,24 +15,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import Put, wait_for
 
 from waltz_client import WaltzClient, WaltzClientConfig
-from waltz_client.transaction import TransactionBuilder, TransactionContext
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Put(TransactionContext):
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return 0
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
 
 
 def http(port: int, path: str) -> tuple[int, str]:

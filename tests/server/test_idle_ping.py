@@ -9,21 +9,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import Put, wait_for
 
 from waltz_client import WaltzClient, WaltzClientConfig
-from waltz_client.transaction import TransactionBuilder, TransactionContext
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Put(TransactionContext):
-    def partition_id(self, num_partitions: int) -> int:
-        return 0
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(b"x")
-        return True
 
 
 def server_metric(cluster, name: str) -> float:

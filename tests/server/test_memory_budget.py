@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
+from conftest import Put
+
 from waltz_client import WaltzClient, WaltzClientConfig
-from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_server.caches import DataCache, FeedCache
 from waltz_server.memory_budget import MIN_FEED_CACHE_BYTES, partition_bounds
 
@@ -52,18 +53,6 @@ def test_a_smaller_bound_evicts_at_once():
     assert feed.last == 49_999 and feed.get(49_990, 49_999) is not None
 
 
-class Put(TransactionContext):
-    def __init__(self, partition: int) -> None:
-        self.target = partition
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.target
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(bytes(4096))
-        return True
-
-
 def metrics(cluster) -> dict[str, float]:
     port = cluster.servers[0].ready["http_port"]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
@@ -81,7 +70,11 @@ def test_a_server_sizes_its_partitions_caches_by_the_budget(make_cluster):
 
     async def load() -> None:
         async with WaltzClient(config) as client:
-            assert all(await asyncio.gather(*(client.submit(Put(i % 4)) for i in range(200))))
+            assert all(
+                await asyncio.gather(
+                    *(client.submit(Put(bytes(4096), partition=i % 4)) for i in range(200))
+                )
+            )
             for p in range(4):
                 async for _ in client.read(p, 0, 49):
                     pass

@@ -14,30 +14,16 @@ import shutil
 import time
 
 import pytest
-from conftest import cluster_admin, partition_metadata, replica_logs, wait_for
+from conftest import Put, cluster_admin, partition_metadata, replica_logs, wait_for
 from test_server_bounds import raw_connect, read_messages
 
 from waltz_client import MissingTransactions, WaltzClient, WaltzClientConfig
 from waltz_client.cluster import admin
 from waltz_client.cluster.retention import RetentionRule
-from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_client.wire.client_messages import ErrorCode, ErrorResponse, MountRequest
 from waltz_client.wire.records import ReqId
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Put(TransactionContext):
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return 0
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_header(7)
-        builder.set_data(self.data)
-        return True
 
 
 def payload(i: int) -> bytes:
