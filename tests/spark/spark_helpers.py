@@ -69,3 +69,68 @@ def spark_rows(df) -> list[tuple]:
     return sorted(
         (r.partition, r.transaction_id, r.header, bytes(r.data), r.client_id) for r in df.collect()
     )
+
+
+def log_start(cluster, partition: int) -> int:
+    """The partition's log start as its owner recorded it in ZooKeeper."""
+    from waltz_client.cluster.metadata import PartitionMetadata
+    from waltz_client.cluster.paths import ClusterPaths
+    from waltz_client.cluster.zk import close, connect
+
+    zk = connect(cluster.zookeeper_connect)
+    try:
+        data, _ = zk.get(ClusterPaths.of(cluster.layout.root).partition(partition))
+        return PartitionMetadata.decode(data).log_start
+    finally:
+        close(zk)
+
+
+def truncate_before(cluster, partition: int, transaction_id: int, timeout: float = 30.0) -> None:
+    """Retention's truncate-before, waited for: the partition's log start is then
+    ``transaction_id`` (its server applies the policy every --retention-interval)."""
+    import time
+
+    from waltz_client.cluster import admin
+    from waltz_client.cluster.zk import close, connect
+
+    zk = connect(cluster.zookeeper_connect)
+    try:
+        admin.update_retention(
+            zk, cluster.layout.root, lambda p: p.truncated_before(partition, transaction_id)
+        )
+    finally:
+        close(zk)
+    deadline = time.monotonic() + timeout
+    while log_start(cluster, partition) != transaction_id:
+        assert time.monotonic() < deadline, f"the log start of {partition} never reached it"
+        time.sleep(0.1)
+
+
+def read(spark, options, **more):
+    reader = spark.read.format("waltz")
+    for k, v in {**options, **more}.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def stream(spark, options, **more):
+    reader = spark.readStream.format("waltz")
+    for k, v in {**options, **more}.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def run_to_the_end(df, out, checkpoint):
+    """One run of the query: every micro-batch up to what is committed now, then stop."""
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination()
+    finally:
+        query.stop()
+    return [p["numInputRows"] for p in query.recentProgress]

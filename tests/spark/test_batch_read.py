@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from spark_helpers import append, high_water_marks, log_rows, spark_rows
+from spark_helpers import append, high_water_marks, log_rows, read, spark_rows
 
+from waltz_client.blocking import BlockingWaltzClient
 from waltz_client.spark.options import parse_read_options
 from waltz_client.spark.planning import Split
-from waltz_client.spark.split_reader import read_split
+from waltz_client.spark.split_reader import client_config, read_split
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -18,13 +19,6 @@ pytestmark = pytest.mark.timeout(300)
 def filled(cluster):
     append(cluster, 600, [0, 1, 2], tag="batch")  # partition 3 stays empty
     return cluster
-
-
-def read(spark, options, **more):
-    reader = spark.read.format("waltz")
-    for k, v in {**options, **more}.items():
-        reader = reader.option(k, v)
-    return reader.load()
 
 
 def test_a_batch_read_equals_the_client_range_reads(spark, filled, source_options):
@@ -95,10 +89,13 @@ def test_a_split_read_goes_on_when_its_server_is_killed_mid_read(filled):
     owner, generation = filled.owner_index(1)
     got: list[int] = []
     try:
-        for batch in read_split(options, Split(1, 0, len(expected))):
-            got.extend(batch.column("transaction_id").to_pylist())
-            if filled.servers[owner].running:
-                filled.servers[owner].kill()
+        # Its own client, closed here: a worker's shared client would live until exit,
+        # when kazoo's atexit hook can hang on a ZooKeeper already stopped.
+        with BlockingWaltzClient(client_config(options)) as c:
+            for batch in read_split(options, Split(1, 0, len(expected)), c):
+                got.extend(batch.column("transaction_id").to_pylist())
+                if filled.servers[owner].running:
+                    filled.servers[owner].kill()
         assert got == expected
         assert filled.owner_index(1)[1] > generation  # it was taken over
     finally:

@@ -1,8 +1,8 @@
 """Transactions gone from the start of a partition (retention): the read fails naming
 the first available ID, or with failOnDataLoss=false skips them and says how many.
 
-No cluster can drop transactions yet (retention is a later issue), so the log here is
-a stand-in that starts at a given ID and answers as the client's range reader does."""
+The log here is a stand-in that starts at a given ID and answers as the client's range
+reader does; test_retention.py does the same on a real cluster with retention."""
 
 from __future__ import annotations
 

@@ -7,32 +7,9 @@ import json
 import os
 
 import pytest
-from spark_helpers import append, high_water_marks, log_rows, spark_rows
+from spark_helpers import append, high_water_marks, log_rows, run_to_the_end, spark_rows, stream
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def stream(spark, options, **more):
-    reader = spark.readStream.format("waltz")
-    for k, v in {**options, **more}.items():
-        reader = reader.option(k, v)
-    return reader.load()
-
-
-def run_to_the_end(df, out, checkpoint):
-    """One run of the query: every micro-batch up to what is committed now, then stop."""
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
-    return [p["numInputRows"] for p in query.recentProgress]
 
 
 def test_a_stream_reads_each_transaction_exactly_once_across_restarts_and_failures(

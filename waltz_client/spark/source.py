@@ -5,6 +5,10 @@
 
 Planning (the offsets, the splits) runs on the driver with a client that mounts
 nothing; each split is read on an executor through the client's range reads.
+"earliest" is each partition's log start (retention moves it up), from its metadata in
+ZooKeeper; a range that starts below it fails at planning or, with
+``failOnDataLoss=false``, starts at it (a task that finds the log start moved since
+does the same: split_reader).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pyspark.sql.types import StructType
 from waltz_client.blocking import BlockingWaltzClient
 
 from .arrow import SCHEMA_DDL
+from .log_starts import LogStarts
 from .options import ReadOptions, parse_read_options, parse_write_options
 from .planning import (
     Split,
@@ -44,7 +49,7 @@ from .planning import (
     plan_splits,
     resolve,
 )
-from .split_reader import client_config, read_split
+from .split_reader import client_config, read_split, skip_lost
 from .writer import WaltzStreamWriter, WaltzWriter, job_high_water_marks
 
 log = logging.getLogger(__name__)
@@ -89,6 +94,17 @@ def _latest(client: BlockingWaltzClient, partitions: list[int]) -> dict[int, int
     return {p: client.high_water_mark(p) + 1 for p in partitions}
 
 
+def _skip_lost(
+    options: ReadOptions,
+    start: dict[int, int],
+    log_starts: dict[int, int],
+    end: dict[int, int],
+) -> dict[int, int]:
+    """``start`` with each partition that starts below its log start failed or moved up
+    to it (``skip_lost``)."""
+    return {p: skip_lost(options, p, start[p], log_starts[p], end[p]) for p in sorted(start)}
+
+
 def _input_partitions(
     start: dict[int, int], end: dict[int, int], max_per_split: int
 ) -> list[InputPartition]:
@@ -105,13 +121,14 @@ class WaltzBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
-        with _driver_client(o) as client:
+        with _driver_client(o) as client, LogStarts(o) as log_starts:
             partitions = chosen_partitions(o.partitions, client.num_partitions)
+            earliest = log_starts.read(partitions)  # first: never beyond latest
             latest = _latest(client, partitions)
-        earliest = dict.fromkeys(partitions, 0)
         start = resolve(o.starting, "startingOffsets", partitions, earliest, latest)
         end = resolve(o.ending, "endingOffsets", partitions, earliest, latest)
         check_range(start, end)
+        start = _skip_lost(o, start, earliest, end)
         return _input_partitions(start, end, o.max_transactions_per_split)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -126,20 +143,33 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._client: BlockingWaltzClient | None = None
+        self._log_starts: LogStarts | None = None
         self._target: dict[int, int] | None = None  # trigger(availableNow=True)
 
-    def __getstate__(self) -> dict[str, Any]:  # executors get the options, not the client
-        return {"options": self.options, "_client": None, "_target": None}
+    def __getstate__(self) -> dict[str, Any]:  # executors get the options, not the clients
+        return {"options": self.options, "_client": None, "_log_starts": None, "_target": None}
 
-    def _partitions_and_latest(self) -> tuple[list[int], dict[int, int]]:
+    def _driver(self) -> BlockingWaltzClient:
         if self._client is None:
             self._client = _driver_client(self.options)
-        partitions = chosen_partitions(self.options.partitions, self._client.num_partitions)
-        return partitions, _latest(self._client, partitions)
+        return self._client
+
+    def _partitions(self) -> list[int]:
+        return chosen_partitions(self.options.partitions, self._driver().num_partitions)
+
+    def _earliest(self, partitions: list[int]) -> dict[int, int]:
+        if self._log_starts is None:
+            self._log_starts = LogStarts(self.options)
+        return self._log_starts.read(partitions)
+
+    def _partitions_and_latest(self) -> tuple[list[int], dict[int, int]]:
+        partitions = self._partitions()
+        return partitions, _latest(self._driver(), partitions)
 
     def initialOffset(self) -> dict:
-        partitions, latest = self._partitions_and_latest()
-        earliest = dict.fromkeys(partitions, 0)
+        partitions = self._partitions()
+        earliest = self._earliest(partitions)  # first: never beyond latest
+        latest = _latest(self._driver(), partitions)
         start = resolve(self.options.starting, "startingOffsets", partitions, earliest, latest)
         return encode_offsets(start)
 
@@ -152,12 +182,23 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = decode_offsets(start)
-        partitions, latest = self._partitions_and_latest()
+        partitions = self._partitions()
+        earliest = self._earliest(partitions)  # first: never beyond latest
+        latest = _latest(self._driver(), partitions)
         for p in partitions:
-            begin.setdefault(p, 0)  # a partition added since the query began: from earliest
+            begin.setdefault(p, earliest[p])  # a partition added since the query began
             if self._target is not None:
                 latest[p] = min(latest[p], self._target.get(p, begin[p]))
         begin = {p: begin[p] for p in partitions}
+        # Transactions gone since the last batch fail the query here, before a task runs;
+        # with failOnDataLoss=false the limit counts from the log start, and partitions()
+        # logs the skip when it plans the batch.
+        for p in partitions:
+            if begin[p] < earliest[p]:
+                if self.options.fail_on_data_loss:
+                    # Raises (unless this trigger wants none of them: availableNow).
+                    skip_lost(self.options, p, begin[p], earliest[p], latest[p])
+                begin[p] = earliest[p]
         if isinstance(limit, ReadMaxRows):
             end = limit_offsets(begin, latest, limit.max_rows)
         else:
@@ -169,7 +210,9 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         finish = decode_offsets(end)
-        begin = {p: decode_offsets(start).get(p, 0) for p in finish}
+        earliest = self._earliest(sorted(finish))
+        begin = {p: decode_offsets(start).get(p, earliest[p]) for p in finish}
+        begin = _skip_lost(self.options, begin, earliest, finish)
         return _input_partitions(begin, finish, self.options.max_transactions_per_split)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -177,9 +220,13 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from read_split(self.options, partition.split)
 
     def commit(self, end: dict) -> None:
-        """Nothing to do: the log keeps everything (no consumer position to store)."""
+        """Nothing to do: the position is Spark's checkpoint (the log keeps no consumer
+        position, and retention does not wait for readers)."""
 
     def stop(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+        if self._log_starts is not None:
+            self._log_starts.close()
+            self._log_starts = None

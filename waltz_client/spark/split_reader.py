@@ -81,19 +81,41 @@ def read_split(
                 yield to_arrow(split.partition, batch)
                 start = batch.last_txid + 1
         except MissingTransactions as e:
-            if options.fail_on_data_loss:
-                raise WaltzError(
-                    f"{e}; set the option failOnDataLoss=false to skip what is gone"
-                ) from e
-            skipped = min(e.first_available, split.end) - start
-            log.warning(
-                "partition %d: skipped %d transactions (%d..%d) no longer in the log "
-                "(failOnDataLoss=false)",
-                split.partition,
-                skipped,
-                start,
-                start + skipped - 1,
-            )
-            start += skipped
+            resume = skip_lost(options, split.partition, start, e.first_available, split.end, e)
+            if resume <= start:  # the log start did not move past us: not a gap after all
+                raise
+            start = resume
         else:
             return
+
+
+def skip_lost(
+    options: ReadOptions,
+    partition: int,
+    start: int,
+    first_available: int,
+    end: int,
+    cause: MissingTransactions | None = None,
+) -> int:
+    """Where a read of ``partition`` from ``start`` to ``end`` (exclusive) goes on when
+    the log now starts at ``first_available``: ``start`` if nothing it wants is gone;
+    else, with failOnDataLoss (the default), an error naming the first available ID;
+    without it, the first available ID (or ``end``), having logged how many it skips."""
+    resume = min(first_available, end)
+    if resume <= start:
+        return start
+    if options.fail_on_data_loss:
+        raise WaltzError(
+            f"{MissingTransactions(partition, start, first_available)}; set the option "
+            "failOnDataLoss=false to skip what is gone"
+        ) from cause
+    log.warning(
+        "partition %d: skipped %d transactions (%d..%d) no longer in the log "
+        "(failOnDataLoss=false); the first available is %d",
+        partition,
+        resume - start,
+        start,
+        resume - 1,
+        first_available,
+    )
+    return resume
