@@ -450,16 +450,16 @@ class StorageServer:
         # connections that stopped reading because of it.
         self.queued_bytes = 0
         self.waiting: dict[StorageConnection, None] = {}
+        # Read at scrape time: nothing on the request path but the additions.
+        node.metrics.queued_bytes.set_function(lambda: self.queued_bytes)
 
     def queue_grew(self, size: int) -> bool:
         """Count ``size`` more queued bytes; True when the node is at its budget."""
         self.queued_bytes += size
-        self.node.metrics.queued_bytes.set(self.queued_bytes)
         return self.queued_bytes >= self.settings.node_queue_max_bytes
 
     def queue_shrank(self, size: int) -> None:
         self.queued_bytes -= size
-        self.node.metrics.queued_bytes.set(self.queued_bytes)
         if self.waiting and self.queued_bytes <= self.settings.node_queue_max_bytes // 2:
             waiting, self.waiting = self.waiting, {}
             for conn in waiting:
