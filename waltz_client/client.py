@@ -126,6 +126,15 @@ def truncated(partition_id: int, requested: int, answer: ErrorResponse) -> Missi
     return MissingTransactions(partition_id, requested, int(m.group(1)) if m else requested + 1)
 
 
+class _StepFailed(Exception):
+    """A submission's step that runs the application's code raised ``error``."""
+
+    def __init__(self, step: str, error: Exception) -> None:
+        super().__init__(f"{step} raised {error!r}")
+        self.step = step
+        self.error = error
+
+
 @dataclass(eq=False)
 class _Submission:
     context: TransactionContext
@@ -638,12 +647,14 @@ class WaltzClient:
                     sub, SubmitResult(SubmitStatus.FAILED, attempts=sub.attempts, reason=str(e))
                 )
                 return
-            except Exception as e:  # execute() raised
-                _hook(sub.context, "on_exception", e)
+            except _StepFailed as e:  # the application's code raised: say whose
+                _hook(sub.context, "on_exception", e.error)
                 self._finish(
                     sub,
                     SubmitResult(
-                        SubmitStatus.FAILED, attempts=sub.attempts, reason=f"execute raised {e!r}"
+                        SubmitStatus.FAILED,
+                        attempts=sub.attempts,
+                        reason=f"{e.step} raised {e.error!r}",
                     ),
                 )
                 return
@@ -716,16 +727,23 @@ class WaltzClient:
             await self._mounted(state)
             if self._closed:
                 return Resolution(sub, Outcome.LOST)
-            hwm = await self._client_high_water_mark(state)
+            try:
+                hwm = await self._client_high_water_mark(state)
+            except Exception as e:
+                owner = type(self.callbacks).__name__ if self.callbacks else "WaltzClient"
+                raise _StepFailed(f"{owner}.client_high_water_mark", e) from e
             builder = TransactionBuilder(state.partition_id, hwm)
-            decision = sub.context.execute(builder)
-            if inspect.isawaitable(decision):  # an async execute()
-                decision = await decision
+            try:
+                decision = sub.context.execute(builder)
+                if inspect.isawaitable(decision):  # an async execute()
+                    decision = await decision
+            except Exception as e:
+                raise _StepFailed(f"{type(sub.context).__name__}.execute", e) from e
             if not decision:
                 return None
             problem = _too_big(builder)
             if problem:
-                raise ValueError(problem)
+                raise _StepFailed("the transaction's size check", ValueError(problem))
             link = state.link
             if state.ready.is_set() and link is not None and link.stream is not None:
                 break  # else a remount began while executing: run it again

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from waltz_client import DatabaseCallbacks, WaltzClientCallbacks
+from waltz_client.dbapi import DatabaseSetupError, bind, table_ddl
 from waltz_client.transaction import Transaction
 from waltz_client.wire.records import ReqId
 
@@ -294,27 +296,135 @@ def test_table_name_with_trailing_newline_is_refused(db: Db) -> None:
         db.callbacks(table="marks\n")
 
 
-@pytest.mark.parametrize("style", ["", "?", "%s", "numeric", "named", "pyformat", None])
+@pytest.mark.parametrize("style", ["", "?", "%s", "Qmark", "sql"])
 def test_bad_paramstyles(db: Db, style) -> None:
     with pytest.raises(ValueError, match="paramstyle"):
         db.callbacks(paramstyle=style)
 
 
-def test_format_paramstyle_is_accepted() -> None:
-    DatabaseCallbacks(lambda: None, lambda cur, t: None, paramstyle="format")
+@pytest.mark.parametrize(
+    ("style", "sql", "params"),
+    [
+        ("qmark", "a = ? AND b = ?", (1, 2)),
+        ("format", "a = %s AND b = %s", (1, 2)),
+        ("numeric", "a = :1 AND b = :2", (1, 2)),
+        ("named", "a = :p0 AND b = :p1", {"p0": 1, "p1": 2}),
+        ("pyformat", "a = %(p0)s AND b = %(p1)s", {"p0": 1, "p1": 2}),
+    ],
+)
+def test_every_dbapi_paramstyle_binds(style: str, sql: str, params) -> None:
+    assert bind(style, "a = {} AND b = {}", (1, 2)) == (sql, params)
+
+
+@pytest.mark.parametrize("style", ["qmark", "numeric", "named"])
+def test_sqlite_accepts_its_paramstyles(db: Db, style: str) -> None:
+    cb = db.callbacks(paramstyle=style)
+    cb.apply_transaction(txn(0, 4))
+    cb.apply_transaction(txn(1, 4))
+    assert cb.client_high_water_mark(4) == 1
+
+
+def test_paramstyle_defaults_to_the_drivers(db: Db) -> None:
+    cb = db.callbacks()  # sqlite3.paramstyle == "qmark"
+    cb.apply_transaction(txn(0))
+    assert db.marks() == {0: 0}
+
+
+def test_autocommit_connection_is_refused(db: Db) -> None:
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(db.path, isolation_level=None)
+
+    cb = DatabaseCallbacks(connect, Db.apply)
+    with pytest.raises(DatabaseSetupError, match="autocommit"):
+        cb.apply_transaction(txn(0))
+    assert db.rows() == []
 
 
 def test_two_clients_sharing_a_database_apply_once(db: Db) -> None:
-    # Client A reads the mark (-1), then, while A's apply runs, client B applies
-    # transaction 0 and commits; A then applies it too. Deterministic, one thread, two
-    # connections (each DatabaseCallbacks has its own).
-    b = db.callbacks()
+    # Client A holds the partition's mark while its apply runs; client B, delivered the
+    # same transaction meanwhile, waits on that lock instead of applying it too, then
+    # finds the mark past it and does nothing.
+    b_calls: list[int] = []
+    a_applying = threading.Event()
+    release_a = threading.Event()
 
     def apply_a(cursor, transaction: Transaction) -> None:
-        b.apply_transaction(transaction)  # the other client gets there first
+        a_applying.set()
+        release_a.wait(30)
+        Db.apply(cursor, transaction)
+
+    def apply_b(cursor, transaction: Transaction) -> None:
+        b_calls.append(transaction.transaction_id)
         Db.apply(cursor, transaction)
 
     a = db.callbacks(apply_a)
-    a.apply_transaction(txn(0))
+    b = db.callbacks(apply_b)
+    with ThreadPoolExecutor(2) as pool:
+        done_a = pool.submit(a.apply_transaction, txn(0))
+        assert a_applying.wait(30)
+        done_b = pool.submit(b.apply_transaction, txn(0))
+        time.sleep(0.2)  # B reaches the lock (a wait, not a failure: A still holds it)
+        assert not done_b.done()
+        release_a.set()
+        done_a.result(30)
+        done_b.result(30)
     assert db.marks() == {0: 0}
-    assert db.rows() == [(0, 0)]  # actually [(0, 0), (0, 0)]: applied twice
+    assert db.rows() == [(0, 0)]
+    assert b_calls == []
+    assert (a.stats.applied, b.stats.already_applied, b.stats.rolled_back) == (1, 1, 0)
+
+
+def test_failed_statement_is_rolled_back_before_the_connection_is_reused(db: Db) -> None:
+    def apply(cursor, transaction: Transaction) -> None:
+        cursor.execute("INSERT INTO no_such_table VALUES (1)")
+
+    cb = db.callbacks(apply)
+    with pytest.raises(sqlite3.OperationalError, match="no_such_table"):
+        cb.apply_transaction(txn(0))
+    assert cb.stats.rolled_back == 1
+    assert cb.client_high_water_mark(0) == -1
+    assert db.marks() == {}
+
+
+def test_busy_database_is_retried(db: Db) -> None:
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(db.path, timeout=0.05)
+
+    cb = DatabaseCallbacks(connect, Db.apply)
+    cb.connection()
+    holder = sqlite3.connect(db.path, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another writer holds the database for a while
+    threading.Timer(0.3, holder.rollback).start()
+    cb.apply_transaction(txn(0))
+    holder.close()
+    assert cb.stats.retried >= 1
+    assert db.marks() == {0: 0}
+
+
+def test_close_closes_every_threads_connection(db: Db) -> None:
+    def connect() -> sqlite3.Connection:  # sqlite: closable from another thread
+        return sqlite3.connect(db.path, check_same_thread=False)
+
+    cb = DatabaseCallbacks(connect, Db.apply)
+    mine = cb.connection()
+    other: list[sqlite3.Connection] = []
+    t = threading.Thread(target=lambda: other.append(cb.connection()))
+    t.start()
+    t.join()
+    cb.close()
+    for conn in (mine, other[0]):
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            conn.execute("SELECT 1")
+    cb.apply_transaction(txn(0))  # a new connection after close()
+    assert cb.connection() is not mine
+    assert db.marks() == {0: 0}
+
+
+def test_table_must_exist_when_not_created(db: Db) -> None:
+    cb = db.callbacks(create_table=False)
+    with pytest.raises(DatabaseSetupError, match=r"CREATE TABLE IF NOT EXISTS waltz_high_water"):
+        cb.client_high_water_mark(0)
+    conn = sqlite3.connect(db.path)
+    conn.execute(table_ddl())
+    conn.close()
+    assert cb.client_high_water_mark(0) == -1

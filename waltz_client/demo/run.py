@@ -1,8 +1,9 @@
 """``waltz demo``: a local cluster, a bank on it, faults in the middle, and a report.
 
 Starts an embedded ZooKeeper, three storage nodes and two servers, then runs
-bank clients (each with its own sqlite database, applied exactly once through
-the DB-API callbacks) moving money with write locks. Midway it SIGKILLs a
+bank clients (each with its own sqlite database, or a PostgreSQL schema with
+``--database``, or all sharing one with ``--shared-database``; applied exactly
+once through the DB-API callbacks) moving money with write locks. Midway it SIGKILLs a
 storage node and the owner of a partition, and brings both back. At the end
 it checks what a person would want checked: every database identical, no
 balance negative, the total conserved, every replica holding the same bytes
@@ -38,6 +39,18 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--accounts", type=int, default=40, help="accounts (default 40)")
     p.add_argument("--no-faults", action="store_true", help="skip the kills")
     p.add_argument("--tls", action="store_true", help="mutual TLS, and ZooKeeper ACLs")
+    p.add_argument(
+        "--database",
+        metavar="URL",
+        help="keep the banks in PostgreSQL (postgresql://user@host:port/dbname), a schema "
+        "waltz_demo_<client> each (dropped and made anew); default: a sqlite file each",
+    )
+    p.add_argument(
+        "--shared-database",
+        action="store_true",
+        help="every client applies the log into one bank (schema waltz_demo_shared, or one "
+        "sqlite file), each transaction exactly once in all",
+    )
     p.set_defaults(func=cmd_demo)
 
 
@@ -65,10 +78,11 @@ def say(message: str) -> None:
 
 async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
     """The bank workload and its checks on a started cluster; 0 when every check passes."""
-    paths = [os.path.join(cluster.data_dir, f"bank-{i}.db") for i in range(args.clients)]
+    paths = bank_databases(args, cluster.data_dir)
     initial = 1000
-    for path in paths:
-        bank.open_bank(path, args.accounts, initial)
+    for path in dict.fromkeys(paths):  # a shared bank once
+        path.create(args.accounts, initial, fresh=True)
+    deadlocks_before = _deadlocks(args.database)
     config = WaltzClientConfig(
         cluster.zookeeper_connect,
         zk_root=cluster.layout.root,
@@ -76,7 +90,8 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
         tls=cluster.client_tls,
         zk_tls=cluster.client_zk_tls,
     )
-    clients = [WaltzClient(config, bank.bank_callbacks(path)) for path in paths]
+    callbacks = [path.callbacks() for path in paths]
+    clients = [WaltzClient(config, cb) for cb, path in zip(callbacks, paths, strict=True)]
     for c in clients:
         await c.start()
     tally = Tally()
@@ -168,11 +183,17 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
     applied = [{p: c.applied_high_water_mark(p) for p in hwms} for c in clients]
     for c in clients:
         await c.close()
+    for cb in callbacks:
+        cb.close()
+    for path in paths:
+        path.close()
     # A restarted storage node catches up in its next store session.
     digests = await converged_digests(cluster, hwms)
 
-    balances = [bank.balances(path) for path in paths]
-    rows = [bank.applied(path) for path in paths]
+    balances = [path.balances() for path in paths]
+    rows = [path.applied() for path in paths]
+    stats = [cb.stats for cb in callbacks]
+    deadlocks = _deadlocks(args.database) - deadlocks_before
     log_length = sum(h + 1 for h in hwms.values())
     checks = {
         "every client applied the whole log": all(a == hwms for a in applied),
@@ -197,6 +218,15 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
     print(f"failed                    {tally.failed}")
     print(f"lock rejections retried   {tally.lock_failures}")
     print(f"retries (all causes)      {tally.attempts - tally.submitted}")
+    banks = list(dict.fromkeys(paths))
+    print(f"banks                     {len(banks)}: {', '.join(map(repr, banks))}")
+    print(
+        f"applications              {sum(s.applied for s in stats)} committed, "
+        f"{sum(s.already_applied for s in stats)} found applied by another client, "
+        f"{sum(s.rolled_back for s in stats)} rolled back, {sum(s.retried for s in stats)} "
+        f"run again (serialization or deadlock)"
+        + (f", {deadlocks} deadlocks" if args.database else "")
+    )
     print(
         f"commit latency p50/p99    {lat[len(lat) // 2] * 1000:.1f} / {p99:.1f} ms"
         if lat
@@ -213,12 +243,57 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
     return 0 if all(checks.values()) else 1
 
 
+def bank_databases(args: argparse.Namespace, data_dir: str) -> list[bank.BankDb]:
+    """Each client's bank: its own (a sqlite file or a PostgreSQL schema), or one shared."""
+    if args.database:
+        if args.shared_database:
+            return [bank.BankDb(args.database, "waltz_demo_shared")] * args.clients
+        return [bank.BankDb(args.database, f"waltz_demo_{i}") for i in range(args.clients)]
+    if args.shared_database:
+        return [bank.BankDb(os.path.join(data_dir, "bank-shared.db"))] * args.clients
+    return [bank.BankDb(os.path.join(data_dir, f"bank-{i}.db")) for i in range(args.clients)]
+
+
+def _deadlocks(database: str | None) -> int:
+    """PostgreSQL's count of deadlocks in the demo's database (0 without one)."""
+    if not database:
+        return 0
+    import psycopg
+
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0])
+
+
+def check_database(url: str) -> str | None:
+    """Why the demo cannot use the PostgreSQL database at ``url`` (None if it can)."""
+    if not bank.is_postgres_url(url):
+        return f"--database must be a postgresql:// URL, got {url!r}"
+    try:
+        import psycopg
+    except ImportError:
+        return "--database needs psycopg: pip install 'waltz[postgres]'"
+    try:
+        psycopg.connect(url, connect_timeout=10).close()
+    except psycopg.Error as e:
+        return f"cannot connect to --database: {str(e).strip().splitlines()[0]}"
+    return None
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if not check_at_least_one("waltz demo", args, "clients", "tellers", "transfers", "partitions"):
         return 2
     if args.accounts < 2 * args.partitions:
         print("waltz demo: error: --accounts must be at least twice --partitions")
         return 2
+    if args.database:
+        problem = check_database(args.database)
+        if problem:
+            print(f"waltz demo: error: {problem}")
+            return 2
     cluster = fresh_cluster(args.data_dir, args.partitions, 2, FAST_FAILOVER, tls=args.tls)
     say(f"starting a local cluster in {cluster.data_dir}")
     cluster.start(say)
