@@ -647,6 +647,15 @@ class WaltzClient:
                     sub, SubmitResult(SubmitStatus.FAILED, attempts=sub.attempts, reason=str(e))
                 )
                 return
+            except MissingTransactions as e:  # the mount is refused: below the log start
+                _hook(sub.context, "on_exception", e)
+                self._finish(
+                    sub,
+                    SubmitResult(
+                        SubmitStatus.FAILED, attempts=sub.attempts, reason=f"mount refused: {e!r}"
+                    ),
+                )
+                return
             except _StepFailed as e:  # the application's code raised: say whose
                 _hook(sub.context, "on_exception", e.error)
                 self._finish(

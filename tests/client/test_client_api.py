@@ -202,11 +202,46 @@ def test_a_context_that_gives_up_or_raises(make_cluster):
             assert give_up.completed == [False]
             broken = Broken()
             result = await client.submit(broken)
-            assert result.status == SubmitStatus.FAILED and "no such account" in result.reason
+            assert result.status == SubmitStatus.FAILED
+            assert result.reason == "Broken.execute raised RuntimeError('no such account')"
             assert broken.completed == [False] and len(broken.errors) == 1
             with pytest.raises(ValueError, match="partitions"):
                 await client.submit(Put(b"", partition=5))
             assert await client.high_water_mark(0) == -1
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_client_high_water_mark_is_named_as_the_culprit(make_cluster):
+    # A database error while reading the application's mark before execute() fails the
+    # submission naming client_high_water_mark, not execute (which never ran).
+    cluster = make_cluster()
+
+    class BrokenMarks(Recorder):
+        reads = 0
+
+        def client_high_water_mark(self, partition_id: int) -> int:
+            self.reads += 1
+            if self.reads > 1:  # the mount's read works; the submission's does not
+                raise RuntimeError("current transaction is aborted")
+            return super().client_high_water_mark(partition_id)
+
+    class Recorded(Put):
+        executed = 0
+
+        def execute(self, builder: TransactionBuilder) -> bool:
+            self.executed += 1
+            return super().execute(builder)
+
+    async def scenario() -> None:
+        callbacks = BrokenMarks(fetch=False)
+        async with WaltzClient(config_for(cluster), callbacks) as client:
+            put = Recorded(b"x")
+            result = await client.submit(put)
+            assert result.status == SubmitStatus.FAILED
+            assert result.reason.startswith("BrokenMarks.client_high_water_mark raised")
+            assert "current transaction is aborted" in result.reason
+            assert put.executed == 0
 
     asyncio.run(scenario())
 

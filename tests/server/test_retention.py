@@ -17,7 +17,13 @@ import pytest
 from conftest import Put, cluster_admin, partition_metadata, replica_logs, wait_for
 from test_server_bounds import raw_connect, read_messages
 
-from waltz_client import MissingTransactions, WaltzClient, WaltzClientConfig
+from waltz_client import (
+    MissingTransactions,
+    SubmitStatus,
+    WaltzClient,
+    WaltzClientCallbacks,
+    WaltzClientConfig,
+)
 from waltz_client.cluster import admin
 from waltz_client.cluster.retention import RetentionRule
 from waltz_client.wire.client_messages import ErrorCode, ErrorResponse, MountRequest
@@ -108,6 +114,26 @@ def test_size_retention_deletes_segments_and_reads_below_the_start_are_refused(c
     answer = asyncio.run(mount_from_scratch())
     assert isinstance(answer, ErrorResponse) and answer.code == ErrorCode.TRUNCATED
     assert f"first available is {start}" in answer.message
+
+    # Through the client: an application at -1 cannot append to that partition, and the
+    # submission says why.
+    class FromScratch(WaltzClientCallbacks):
+        def client_high_water_mark(self, partition_id: int) -> int:
+            return -1
+
+        def apply_transaction(self, transaction) -> None:
+            raise AssertionError("nothing below the log start can be delivered")
+
+    async def submit_from_scratch():
+        config = WaltzClientConfig(
+            cluster.zookeeper_connect, zk_root=cluster.layout.root, partitions=[0]
+        )
+        async with WaltzClient(config, FromScratch()) as client:
+            return await client.submit(Put(payload(999)))
+
+    result = asyncio.run(submit_from_scratch())
+    assert result.status == SubmitStatus.FAILED
+    assert result.reason.startswith("mount refused: MissingTransactions(")
 
 
 def test_truncate_before_a_replaced_disk_and_a_restart(cluster):
