@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import weakref
 from typing import TYPE_CHECKING
 
 from kazoo.client import KazooClient
@@ -57,6 +60,7 @@ def connect(
     except ValueError as e:
         zk.close()
         raise ClusterError(f"bad ZooKeeper connect string {connect_string!r}: {e}") from None
+    _stop_at_exit(zk)
     return zk
 
 
@@ -73,7 +77,28 @@ def _tls_arguments(tls: TlsFiles | None) -> dict:
     }
 
 
+def _stop_at_exit(zk: KazooClient) -> None:
+    """Stop ``zk`` when the interpreter exits, if nobody closed it. kazoo's handler joins
+    its callback thread at exit, and a watch callback stuck reading a ZooKeeper that is
+    gone (kazoo retries a watch's read forever) would hang the exit for good; stopping
+    the client fails that read. atexit runs the newest hook first: this one runs before
+    the handler's, which ``zk.start()`` registered."""
+    client = weakref.ref(zk)
+
+    def stop() -> None:
+        live = client()
+        if live is not None:
+            with contextlib.suppress(Exception):
+                live.stop()
+
+    zk._waltz_stop_at_exit = stop  # type: ignore[attr-defined]
+    atexit.register(stop)
+
+
 def close(zk: KazooClient) -> None:
+    hook = getattr(zk, "_waltz_stop_at_exit", None)
+    if hook is not None:
+        atexit.unregister(hook)
     try:
         zk.stop()
     finally:
