@@ -175,7 +175,7 @@ def _first_start(url: str, barrier, errors) -> None:
 def test_concurrent_first_start_of_several_processes(postgres) -> None:
     # Each round: a fresh database and 8 processes creating the mark table at once
     # (CREATE TABLE IF NOT EXISTS alone fails some with UniqueViolation on pg_type).
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("fork")  # no connection is open in this process
     errors = ctx.Queue()
     for _ in range(3):
         url = postgres.url(postgres.create_database("race"))
@@ -291,7 +291,11 @@ def test_clients_sharing_a_database_take_turns(postgres, database, isolation: st
     if isolation == "read committed":
         assert [s.rolled_back for s in stats] == [0, 0, 0]
     else:
-        assert [s.rolled_back for s in stats] == [s.retried for s in stats]
+        # those aborts are few, and each was run again inside the callbacks (none reached
+        # the client: no failure above)
+        undone = sum(s.rolled_back for s in stats)
+        assert undone <= sum(s.retried for s in stats)
+        assert undone < 0.05 * PARTITIONS * per_partition  # 0.95 per transaction before
     for cb in clients:
         cb.close()
 

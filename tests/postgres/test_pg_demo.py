@@ -28,7 +28,7 @@ def test_the_demo_on_a_shared_postgresql_database(tmp_path, postgres, zookeeper_
         postgres.url(database),
         "--shared-database",
         "--transfers",
-        "400",
+        "240",
         "--clients",
         "3",
         "--partitions",
