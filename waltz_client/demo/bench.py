@@ -37,6 +37,18 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--lock-pool", type=int, default=0, help="write locks drawn from N ids")
     p.add_argument("--consumers", type=int, default=1, help="catch-up consumers (default 1)")
     p.add_argument("--tls", action="store_true", help="mutual TLS, and ZooKeeper ACLs")
+    c = p.add_argument_group(
+        "--compare",
+        "a closed-loop sweep instead (docs/benchmarks.md): writes/s at each concurrency for "
+        "waltz with 1 and 4 partitions and the embedded ZooKeeper, a fresh cluster a cell",
+    )
+    c.add_argument("--compare", action="store_true", help="run the sweep")
+    c.add_argument("--compare-concurrency", default="1,16,64,256", help="writes in flight")
+    c.add_argument("--compare-partitions", default="1,4", help="waltz partition counts")
+    c.add_argument("--seconds", type=float, default=5.0, help="of load a cell (default 5)")
+    c.add_argument("--runs", type=int, default=2, help="runs of each cell; median (default 2)")
+    c.add_argument("--no-zookeeper", action="store_true", help="skip the ZooKeeper column")
+    c.add_argument("--json", metavar="PATH", help="also write every cell as JSON")
     p.set_defaults(func=cmd_bench)
 
 
@@ -168,6 +180,10 @@ async def _consume(args, cluster: LocalCluster, total: int) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.compare:
+        from .compare import cmd_compare
+
+        return cmd_compare(args)
     names = ("transactions", "partitions", "clients", "concurrency", "consumers")
     if not check_at_least_one("waltz bench", args, *names):
         return 2

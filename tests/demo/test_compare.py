@@ -1,0 +1,84 @@
+"""`waltz bench --compare`: the sweep's table and ratios from known cells, its argument
+checks, and one small real cell against a local cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from waltz_client.demo.compare import ZOOKEEPER, Cell, median_cell, ratios, table
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def cell(system: str, c: int, writes: int, cpu: float = 1.0) -> Cell:
+    return Cell(system, c, writes, 2.0, sorted(float(i) for i in range(1, 101)), cpu)
+
+
+def test_median_cell_is_the_middle_rate() -> None:
+    cells = [cell("a", 1, w) for w in (300, 100, 200)]
+    assert median_cell(cells).writes == 200
+
+
+def test_table_and_ratios() -> None:
+    one, four = "waltz, 1 partition", "waltz, 4 partitions"
+    cells = [
+        cell(one, 1, 2000),
+        cell(one, 16, 20000, cpu=0.6),
+        cell(four, 1, 1000),
+        cell(four, 16, 10000),
+        cell(ZOOKEEPER, 1, 1000),
+        cell(ZOOKEEPER, 16, 4000),
+    ]
+    text = table(cells, [1, 16])
+    lines = text.splitlines()
+    assert lines[0].startswith("| system | C=1 writes/s | C=16 writes/s | C=16 p99 ms")
+    assert lines[2] == "| waltz, 1 partition | 1,000 | 10,000 | 100.0 | 51.00 | 0.030 |"
+    assert ratios(cells) == [
+        f"C=1: {four} / {one} = 0.50x",
+        f"C=1: {one} / {ZOOKEEPER} = 2.00x",
+        f"C=16: {four} / {one} = 0.50x",
+        f"C=16: {one} / {ZOOKEEPER} = 5.00x",
+    ]
+
+
+def waltz(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "waltz_client.cli", "bench", "--compare", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--compare-concurrency", "1,x"],
+        ["--compare-concurrency", "0"],
+        ["--compare-partitions", "0"],
+        ["--runs", "0"],
+        ["--seconds", "0"],
+    ],
+)
+def test_bad_sweep_arguments_are_refused(args: list[str]) -> None:
+    result = waltz(*args, timeout=60)
+    assert result.returncode == 2
+    assert "waltz bench: error:" in result.stdout
+
+
+def test_a_small_sweep_on_a_real_cluster(tmp_path, zookeeper_available) -> None:
+    out = tmp_path / "cells.json"
+    result = waltz(
+        "--data-dir", str(tmp_path / "data"), "--compare-concurrency", "2",
+        "--compare-partitions", "1", "--seconds", "1", "--runs", "1", "--no-zookeeper",
+        "--json", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "| waltz, 1 partition |" in result.stdout
+    (only,) = json.loads(out.read_text())
+    assert only["system"] == "waltz, 1 partition" and only["concurrency"] == 2
+    assert only["writes"] > 0 and only["p50_ms"] > 0 and only["cpu_ms_per_write"] > 0

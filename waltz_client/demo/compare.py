@@ -1,0 +1,367 @@
+"""``waltz bench --compare``: the closed-loop sweep of issue 16, as a user can rerun it.
+
+For each system (waltz with 1 partition, waltz with 4, and the embedded ZooKeeper) and
+each concurrency C, a fresh local cluster, then load processes (2, or 1 at C=1) keep C
+writes of ``--size`` bytes in flight between them for ``--seconds``, closed loop: each
+write is sent when one completes. A waltz write is a transaction submitted through
+``WaltzClient`` (committed: fsync'd on 2 of 3 replicas); a ZooKeeper write is a
+``create`` of a sequential node (committed: fsync'd in its transaction log). Reported per
+cell: the median over ``--runs`` of the completed writes per second, and the latency
+percentiles; and at the highest C, the CPU the cluster's own processes (storage nodes
+and server, or ZooKeeper's JVM) spent per write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from ..local.zookeeper import EmbeddedZooKeeper
+from .common import fresh_cluster
+
+DEFAULT_CONCURRENCY = (1, 16, 64, 256)
+WALTZ_SYSTEMS = ("waltz, 1 partition", "waltz, 4 partitions")
+ZOOKEEPER = "zookeeper (1 member)"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Cell:
+    """One run of one system at one concurrency."""
+
+    system: str
+    concurrency: int
+    writes: int
+    seconds: float
+    latencies_ms: list[float] = field(repr=False)
+    cluster_cpu_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.writes / self.seconds
+
+    def percentile(self, q: float) -> float:
+        lat = self.latencies_ms
+        return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
+
+    @property
+    def cpu_ms_per_write(self) -> float:
+        return 1000 * self.cluster_cpu_s / max(1, self.writes)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / _TICKS
+
+
+# --- load processes ---------------------------------------------------------------------
+
+
+def _waltz_load(
+    zookeeper: str,
+    root: str,
+    partitions: int,
+    inflight: int,
+    size: int,
+    ready,
+    seconds: float,
+    out,
+) -> None:
+    from ..client import SubmitStatus, WaltzClient
+    from ..config import WaltzClientConfig
+    from .bench import _Put
+
+    async def main() -> tuple[int, list[float]]:
+        config = WaltzClientConfig(
+            zookeeper, zk_root=root, feed=False, max_outstanding_appends=max(1, inflight)
+        )
+        async with WaltzClient(config) as client:
+            for p in range(partitions):  # mounted before the clock starts
+                await client.submit(_Put(p, b"warm-up", None))
+            payload = os.urandom(size)
+            latencies: list[float] = []
+            await asyncio.to_thread(ready.wait, 120)  # every load process connected
+            stop_at = time.time() + seconds
+            counter = iter(range(1 << 62))
+
+            async def slot() -> None:
+                while time.time() < stop_at:
+                    t0 = time.perf_counter()
+                    r = await client.submit(_Put(next(counter) % partitions, payload, None))
+                    if r.status == SubmitStatus.COMMITTED and time.time() <= stop_at:
+                        latencies.append((time.perf_counter() - t0) * 1000)
+
+            await asyncio.gather(*(slot() for _ in range(inflight)))
+            return len(latencies), latencies
+
+    out.put(asyncio.run(main()))
+
+
+def _zookeeper_load(
+    zookeeper: str,
+    root: str,
+    partitions: int,
+    inflight: int,
+    size: int,
+    ready,
+    seconds: float,
+    out,
+) -> None:
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=zookeeper, timeout=30)
+    zk.start(30)
+    zk.ensure_path(f"{root}/bench")
+    payload = os.urandom(size)
+    latencies: list[float] = []
+    lock = threading.Lock()
+    done = threading.Event()
+    live = [inflight]
+    stop_at = 0.0
+
+    def send() -> None:
+        t0 = time.perf_counter()
+        result = zk.create_async(f"{root}/bench/n-", payload, sequence=True)
+        result.rawlink(lambda r: finished(r, t0))
+
+    def finished(result, t0: float) -> None:
+        ok = result.successful()
+        now = time.time()
+        with lock:
+            if ok and now <= stop_at:
+                latencies.append((time.perf_counter() - t0) * 1000)
+            if now < stop_at:
+                send_again = True
+            else:
+                send_again = False
+                live[0] -= 1
+                if live[0] == 0:
+                    done.set()
+        if send_again:
+            send()
+
+    ready.wait(120)  # every load process connected
+    stop_at = time.time() + seconds
+    for _ in range(inflight):
+        send()
+    done.wait(seconds + 60)
+    zk.stop()
+    zk.close()
+    out.put((len(latencies), latencies))
+
+
+def measure(
+    system: str,
+    target: Callable,
+    connect: tuple,
+    pids: list[int],
+    concurrency: int,
+    size: int,
+    seconds: float,
+) -> Cell:
+    """``concurrency`` writes in flight over 2 load processes (1 at C=1), which start
+    together once all are connected, for ``seconds``; the CPU the cluster's processes
+    ``pids`` spend meanwhile."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    half = concurrency // 2
+    shares = [concurrency] if concurrency == 1 else [half, concurrency - half]
+    ready = ctx.Barrier(len(shares) + 1)
+    procs = [
+        ctx.Process(target=target, args=(*connect, share, size, ready, seconds, out))
+        for share in shares
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        ready.wait(180)
+        cpu_before = cpu_seconds(pids)
+        time.sleep(seconds)
+        cpu = cpu_seconds(pids) - cpu_before
+        results = [out.get(timeout=120) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    writes = sum(n for n, _ in results)
+    latencies = sorted(x for _, lat in results for x in lat)
+    return Cell(system, concurrency, writes, seconds, latencies, cpu)
+
+
+def measure_waltz(
+    data_dir: str, partitions: int, concurrency: int, size: int, seconds: float
+) -> Cell:
+    cluster = fresh_cluster(data_dir, partitions, 1, [])
+    cluster.start()
+    try:
+        pids = [p.pid for p in (*cluster.storages, *cluster.servers) if p.pid is not None]
+        connect = (cluster.zookeeper_connect, cluster.layout.root, partitions)
+        system = WALTZ_SYSTEMS[0] if partitions == 1 else f"waltz, {partitions} partitions"
+        return measure(system, _waltz_load, connect, pids, concurrency, size, seconds)
+    finally:
+        cluster.stop()
+
+
+def measure_zookeeper(data_dir: str, concurrency: int, size: int, seconds: float) -> Cell:
+    shutil.rmtree(data_dir, ignore_errors=True)
+    os.makedirs(data_dir)
+    zookeeper = EmbeddedZooKeeper(data_dir)
+    zookeeper.start()
+    try:
+        pids = [zookeeper.pid] if zookeeper.pid is not None else []
+        connect = (zookeeper.connect_string, "/compare", 0)
+        return measure(ZOOKEEPER, _zookeeper_load, connect, pids, concurrency, size, seconds)
+    finally:
+        zookeeper.stop()
+
+
+# --- the sweep and its table ------------------------------------------------------------
+
+
+def sweep(
+    data_dir: str,
+    partitions: list[int],
+    concurrency: list[int],
+    size: int,
+    seconds: float,
+    runs: int,
+    zookeeper: bool,
+    say: Callable[[str], None] = print,
+) -> list[Cell]:
+    cells: list[Cell] = []
+    for run in range(runs):
+        for c in concurrency:
+            plan = [(p, None) for p in partitions] + ([(0, "zk")] if zookeeper else [])
+            for p, kind in plan:
+                if kind == "zk":
+                    cell = measure_zookeeper(os.path.join(data_dir, "zk"), c, size, seconds)
+                else:
+                    cell = measure_waltz(os.path.join(data_dir, "waltz"), p, c, size, seconds)
+                cells.append(cell)
+                say(
+                    f"run {run + 1}/{runs} {cell.system:22s} C={c:<4d} "
+                    f"{cell.rate:10,.0f} writes/s  p50 {cell.percentile(0.5):7.2f} ms  "
+                    f"p99 {cell.percentile(0.99):7.2f} ms  "
+                    f"cluster CPU {cell.cpu_ms_per_write:.3f} ms/write"
+                )
+    return cells
+
+
+def median_cell(cells: list[Cell]) -> Cell:
+    """The run with the median rate (the upper one of an even count)."""
+    ordered = sorted(cells, key=lambda cell: cell.rate)
+    return ordered[len(ordered) // 2]
+
+
+def table(cells: list[Cell], concurrency: list[int]) -> str:
+    systems = list(dict.fromkeys(cell.system for cell in cells))
+    top = max(concurrency)
+    head = ["system", *(f"C={c} writes/s" for c in concurrency)]
+    head += [f"C={top} p99 ms", "C=1 p50 ms", f"cluster CPU ms/write at C={top}"]
+    rows = [head, ["---"] + ["---:"] * (len(head) - 1)]
+    for system in systems:
+        mine = {
+            c: median_cell([x for x in cells if x.system == system and x.concurrency == c])
+            for c in concurrency
+        }
+        row = [system, *(f"{mine[c].rate:,.0f}" for c in concurrency)]
+        row.append(f"{mine[top].percentile(0.99):.1f}")
+        row.append(f"{mine[1].percentile(0.5):.2f}" if 1 in mine else "")
+        row.append(f"{mine[top].cpu_ms_per_write:.3f}")
+        rows.append(row)
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def ratios(cells: list[Cell]) -> list[str]:
+    """Issue 16's ratios at each concurrency: waltz with more partitions against one
+    partition, and waltz with one partition against ZooKeeper."""
+    one = WALTZ_SYSTEMS[0]
+    lines = []
+    for c in sorted({x.concurrency for x in cells}):
+        systems = dict.fromkeys(x.system for x in cells if x.concurrency == c)
+        rate = {
+            s: median_cell([x for x in cells if x.system == s and x.concurrency == c]).rate
+            for s in systems
+        }
+        if one not in rate:
+            continue
+        for s in systems:
+            if s == ZOOKEEPER:
+                lines.append(f"C={c}: {one} / {s} = {rate[one] / rate[s]:.2f}x")
+            elif s != one:
+                lines.append(f"C={c}: {s} / {one} = {rate[s] / rate[one]:.2f}x")
+    return lines
+
+
+def cmd_compare(args) -> int:
+    try:
+        concurrency = sorted({int(c) for c in args.compare_concurrency.split(",")})
+        partitions = sorted({int(p) for p in args.compare_partitions.split(",")})
+    except ValueError:
+        print(
+            "waltz bench: error: --compare-concurrency and --compare-partitions take "
+            "comma-separated integers, e.g. 1,16,64,256"
+        )
+        return 2
+    if min(concurrency) < 1 or min(partitions) < 1 or args.runs < 1 or args.seconds <= 0:
+        print(
+            "waltz bench: error: concurrency, partitions and --runs must be at least 1, "
+            "--seconds above 0"
+        )
+        return 2
+    print(
+        f"waltz bench --compare: closed loop, {args.size}-byte writes, {args.seconds:g} s a "
+        f"cell, {args.runs} run(s), a fresh cluster each; {os.cpu_count()} CPUs "
+        f"({platform.machine()}), fsync on",
+        flush=True,
+    )
+    cells = sweep(
+        args.data_dir,
+        partitions,
+        concurrency,
+        args.size,
+        args.seconds,
+        args.runs,
+        not args.no_zookeeper,
+        lambda line: print(line, flush=True),
+    )
+    print()
+    print(f"median of {args.runs} run(s):")
+    print(table(cells, concurrency))
+    for line in ratios(cells):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                [
+                    {
+                        **asdict(c),
+                        "latencies_ms": None,
+                        "rate": c.rate,
+                        "p50_ms": c.percentile(0.5),
+                        "p99_ms": c.percentile(0.99),
+                        "cpu_ms_per_write": c.cpu_ms_per_write,
+                    }
+                    for c in cells
+                ],
+                f,
+                indent=1,
+            )
+    return 0
