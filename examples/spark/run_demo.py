@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         partitions=4,
         accounts=40,
         no_faults=args.no_faults,
+        database=None,  # each client's bank a sqlite file, which the Spark job checks
+        shared_database=False,
     )
     cluster = fresh_cluster(args.data_dir, demo.partitions, 2, FAST_FAILOVER)
     out = os.path.join(cluster.data_dir, "spark")
