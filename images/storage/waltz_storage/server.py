@@ -2,8 +2,8 @@
 
 Each connection decodes frames as they arrive and queues each partition
 request on that partition's worker. A worker drains its queue, hands the
-batch to ``PartitionService.process`` on a thread (file I/O and fsync never
-block the event loop) and writes the responses back in order. A connection
+batch to ``PartitionService.process`` on the partition's own I/O thread (file I/O
+and fsync never block the event loop) and writes the responses back in order. A connection
 stops reading its socket while it has too many requests (or bytes) queued, while its
 unsent responses exceed a limit (a peer that does not read), or while the frames
 partly received on all connections together exceed a budget; frames it has already
@@ -22,7 +22,6 @@ import collections
 import contextlib
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
@@ -52,6 +51,7 @@ from waltz_client.wire.storage_messages import (
     decode_request,
 )
 
+from .io_thread import IoThread
 from .service import PartitionService, StorageNode
 
 log = logging.getLogger(__name__)
@@ -81,11 +81,9 @@ class ServerSettings:
 class PartitionWorker:
     """Runs one partition's requests in arrival order, a drained batch at a time."""
 
-    def __init__(
-        self, service: PartitionService, executor: ThreadPoolExecutor, group_max_bytes: int
-    ) -> None:
+    def __init__(self, service: PartitionService, group_max_bytes: int) -> None:
         self.service = service
-        self._executor = executor
+        self._io = IoThread(f"waltz-storage-io-{service.partition_id}")
         self._group_max_bytes = group_max_bytes
         self._queue: collections.deque[tuple[StorageConnection, StorageMessage, int]] = (
             collections.deque()
@@ -99,7 +97,6 @@ class PartitionWorker:
         self._wakeup.set()
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         queue = self._queue
         while True:
             if not queue:
@@ -116,9 +113,7 @@ class PartitionWorker:
                 total += item[2]
             requests = [request for _, request, _ in batch]
             try:
-                responses = await loop.run_in_executor(
-                    self._executor, self.service.process, requests
-                )
+                responses = await self._io.run(self.service.process, requests)
             except Exception as e:  # a bug, not an I/O error: answer, log, keep serving
                 log.exception("partition %d: unexpected error", self.service.partition_id)
                 responses = [
@@ -147,11 +142,14 @@ class PartitionWorker:
         self._stopping = True
         self._wakeup.set()
         await self._task
+        await self._io.stop()
 
     async def close(self) -> None:
+        """Stop at once; a batch already on the I/O thread still finishes there."""
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        await self._io.stop()
 
 
 class StorageConnection(asyncio.Protocol):
@@ -439,11 +437,6 @@ class StorageServer:
         self.node = node
         self.settings = settings or ServerSettings()
         self.workers: dict[int, PartitionWorker] = {}
-        self._executor = ThreadPoolExecutor(
-            # Partitions may arrive later (from ZooKeeper): size for a few per core.
-            max_workers=min(32, max(8, len(node.partitions))),
-            thread_name_prefix="waltz-storage-io",
-        )
         self._server: asyncio.Server | None = None
         self.guard = PeerGuard(self.settings.peer, "successful Open")
         # Bytes queued on all connections (reads counted as their largest reply), and the
@@ -479,9 +472,7 @@ class StorageServer:
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (useful with port 0)."""
         for p, service in self.node.partitions.items():
-            self.workers[p] = PartitionWorker(
-                service, self._executor, self.settings.write_group_max_bytes
-            )
+            self.workers[p] = PartitionWorker(service, self.settings.write_group_max_bytes)
         tls = self.settings.tls
         self._server = await asyncio.get_running_loop().create_server(
             lambda: StorageConnection(self),
@@ -497,9 +488,7 @@ class StorageServer:
         """Serve a partition the node has just opened."""
         if partition_id not in self.workers:
             self.workers[partition_id] = PartitionWorker(
-                self.node.partitions[partition_id],
-                self._executor,
-                self.settings.write_group_max_bytes,
+                self.node.partitions[partition_id], self.settings.write_group_max_bytes
             )
 
     async def remove_partition(self, partition_id: int) -> None:
@@ -517,6 +506,5 @@ class StorageServer:
                 conn._transport.close()
         for worker in self.workers.values():
             await worker.close()
-        self._executor.shutdown(wait=True)
         if self._server is not None:
             await self._server.wait_closed()
