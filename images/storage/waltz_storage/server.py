@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
 from waltz_client.peer_warnings import PeerWarnings
@@ -347,8 +348,7 @@ class StorageConnection(asyncio.Protocol):
             self.data_received(rest)
 
     def _dispatch(self, request: StorageMessage, size: int) -> None:
-        metrics = self._server.node.metrics
-        metrics.requests.labels(type(request).__name__).inc()
+        self._server.count_request(type(request))
         if isinstance(request, OpenRequest):
             response = self._server.node.check_open(request)
             if not self._opened and not isinstance(response, FailureResponse):
@@ -437,6 +437,7 @@ class StorageServer:
         self.node = node
         self.settings = settings or ServerSettings()
         self.workers: dict[int, PartitionWorker] = {}
+        self._request_counters: dict[type, Any] = {}
         self._server: asyncio.Server | None = None
         self.guard = PeerGuard(self.settings.peer, "successful Open")
         # Bytes queued on all connections (reads counted as their largest reply), and the
@@ -461,6 +462,15 @@ class StorageServer:
     @property
     def connections(self) -> set[StorageConnection]:
         return self.guard.connections  # type: ignore[return-value]
+
+    def count_request(self, kind: type) -> None:
+        """waltz_storage_requests_total for this request type (its series looked up once)."""
+        counter = self._request_counters.get(kind)
+        if counter is None:
+            counter = self._request_counters[kind] = self.node.metrics.requests.labels(
+                kind.__name__
+            )
+        counter.inc()
 
     def partition_list(self) -> str:
         return ",".join(str(p) for p in sorted(self.workers)) or "none"
