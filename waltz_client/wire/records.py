@@ -24,6 +24,7 @@ REQ_ID = struct.Struct(">iiii")
 RECORD_HEADER = struct.Struct(">qiiiii")  # txid, reqid(4), header
 WIRE_RECORD_HEAD = struct.Struct(">qiiiiii")  # RECORD_HEADER + data length
 CRC = struct.Struct(">I")
+_TXID_AND_LENGTH = struct.Struct(">q20xi")  # WIRE_RECORD_HEAD's first and last fields
 
 DEFAULT_MAX_DATA_BYTES = 16 * 1024 * 1024
 
@@ -172,34 +173,39 @@ class RecordBatch:
         cls, r: Reader, count: int, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
     ) -> RecordBatch:
         """Validate ``count`` records at the reader's cursor and keep their bytes."""
-        view = r.rest()
-        buf = bytes(view)
+        # The hot loop of every append and read: locals, and only the fields it checks.
+        buf = bytes(r.rest())
+        mv = memoryview(buf)
         end = len(buf)
         spans: list[tuple[int, int, int]] = []
-        head = WIRE_RECORD_HEAD
+        append = spans.append
+        txid_and_length = _TXID_AND_LENGTH.unpack_from
+        stored_crc = CRC.unpack_from
+        crc32 = zlib.crc32
+        head_size = WIRE_RECORD_HEAD.size
         pos = 0
         for i in range(count):
-            if end - pos < head.size:
+            if end - pos < head_size:
                 raise MalformedMessage(f"record {i} of {count}: truncated head at offset {pos}")
-            txid, _, _, _, _, _, length = head.unpack_from(buf, pos)
+            txid, length = txid_and_length(buf, pos)
             if length < 0 or length > max_data_bytes:
                 raise MalformedMessage(
                     f"record {i} (transaction {txid}): data length {length} "
                     f"is outside 0..{max_data_bytes}"
                 )
-            data_end = pos + head.size + length
-            if end - data_end < CRC.size:
+            data_end = pos + head_size + length
+            if end - data_end < 4:
                 raise MalformedMessage(
                     f"record {i} (transaction {txid}): data length {length} runs past the frame"
                 )
-            (sent,) = CRC.unpack_from(buf, data_end)
-            actual = zlib.crc32(memoryview(buf)[pos + head.size : data_end])
-            if actual != sent:
+            actual = crc32(mv[pos + head_size : data_end])
+            if actual != stored_crc(buf, data_end)[0]:
+                (sent,) = stored_crc(buf, data_end)
                 raise ChecksumMismatch(
                     f"transaction {txid}: data CRC-32 {actual:#010x} != sent {sent:#010x}"
                 )
-            spans.append((txid, pos, length))
-            pos = data_end + CRC.size
+            append((txid, pos, length))
+            pos = data_end + 4
         if pos != end:
             raise MalformedMessage(f"record list: {end - pos} trailing bytes after {count} records")
         return cls(buf, spans)
