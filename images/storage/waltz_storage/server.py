@@ -127,14 +127,18 @@ class PartitionWorker:
                     )
                     for r in requests
                 ]
+            # One socket write per connection for the whole batch, in request order.
+            answers: dict[StorageConnection, list[tuple[StorageMessage, int]]] = {}
             for (conn, _, size), response in zip(batch, responses, strict=True):
+                answers.setdefault(conn, []).append((response, size))
+            for conn, items in answers.items():
                 try:
-                    conn.respond(response, size)
+                    conn.respond(items)
                 except Exception:  # one bad response must not stop the partition
                     log.exception(
-                        "partition %d: cannot send %s to %s",
+                        "partition %d: cannot send %d response(s) to %s",
                         self.service.partition_id,
-                        type(response).__name__,
+                        len(items),
                         conn.peer,
                     )
 
@@ -391,14 +395,17 @@ class StorageConnection(asyncio.Protocol):
             self._update_reading()
         worker.put(self, request, size)
 
-    def respond(self, response: StorageMessage, size: int) -> None:
-        """A worker's answer to one of this connection's queued requests."""
-        self._queued_requests -= 1
+    def respond(self, answers: list[tuple[StorageMessage, int]]) -> None:
+        """A worker's answers to some of this connection's queued requests (each with the
+        size it was queued with), in order: one socket write for all of them."""
+        size = sum(queued for _, queued in answers)
+        self._queued_requests -= len(answers)
         self._queued_bytes -= size
         self._server.queue_shrank(size)
         if self._transport is None:
             return
-        self._send(response)
+        if not self._transport.is_closing():
+            self._transport.write(b"".join(response.encode() for response, _ in answers))
         if self._paused and (
             self._queued_requests <= self._settings.queue_max_requests // 2
             and self._queued_bytes <= self._settings.queue_max_bytes // 2
