@@ -51,6 +51,9 @@ def encode_frame(message_type: int, body: bytes | bytearray | memoryview) -> byt
     return FRAME_HEADER.pack(len(body) + 1, message_type) + body
 
 
+_LENGTH = struct.Struct(">I")
+
+
 class FrameDecoder:
     """Incremental frame splitter for a byte stream.
 
@@ -70,25 +73,34 @@ class FrameDecoder:
         return len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, bytes]]:
+        # Parse straight from ``data`` when nothing is pending, keeping only a partial
+        # frame: copying every read into the buffer first cost a large allocation (and
+        # its page faults) per read once several big frames arrived together.
         buf = self._buf
-        buf += data
+        if buf:
+            buf += data
+            source: bytes | bytearray | memoryview = buf
+        else:
+            source = data
         frames: list[tuple[int, bytes]] = []
         pos = 0
-        end = len(buf)
-        while end - pos >= 4:
-            (length,) = struct.unpack_from(">I", buf, pos)
-            if length == 0:
-                raise MalformedFrame("frame length 0: a frame holds at least its type byte")
-            if length > self.max_frame_bytes:
-                raise FrameTooLarge(
-                    f"frame length {length} exceeds the maximum of {self.max_frame_bytes} bytes"
-                )
-            if end - pos - 4 < length:
-                break
-            message_type = buf[pos + 4]
-            frames.append((message_type, bytes(buf[pos + 5 : pos + 4 + length])))
-            pos += 4 + length
-        if pos:
+        with memoryview(source) as view:
+            end = len(view)
+            while end - pos >= 4:
+                (length,) = _LENGTH.unpack_from(view, pos)
+                if length == 0:
+                    raise MalformedFrame("frame length 0: a frame holds at least its type byte")
+                if length > self.max_frame_bytes:
+                    raise FrameTooLarge(
+                        f"frame length {length} exceeds the maximum of {self.max_frame_bytes} bytes"
+                    )
+                if end - pos - 4 < length:
+                    break
+                frames.append((view[pos + 4], bytes(view[pos + 5 : pos + 4 + length])))
+                pos += 4 + length
+            if source is not buf and pos < end:
+                buf += view[pos:]  # the start of a frame still to come
+        if source is buf and pos:
             del buf[:pos]
         return frames
 
