@@ -101,6 +101,17 @@ def test_feed_accepts_bytearray_and_memoryview():
     assert decoder.feed(memoryview(b"z")) == [(9, b"z")]
 
 
+def test_a_kept_partial_frame_is_a_copy_of_the_callers_buffer():
+    # A read parsed in place keeps only its partial frame, copied: the caller may reuse
+    # its buffer for the next read.
+    decoder = FrameDecoder()
+    read = bytearray(b"\x00\x00\x00\x02\x07a" + b"\x00\x00\x00\x03\x08b")
+    assert decoder.feed(read) == [(7, b"a")]
+    read[:] = b"\xff" * len(read)
+    assert decoder.feed(b"c") == [(8, b"bc")]
+    assert decoder.buffered == 0
+
+
 def test_frame_length_zero_is_malformed():
     with pytest.raises(MalformedFrame, match=r"frame length 0: a frame holds at least its type"):
         FrameDecoder().feed(b"\x00\x00\x00\x00")
