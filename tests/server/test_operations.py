@@ -47,8 +47,14 @@ def replica_metric(cluster, name: str, replica: str, partition: int = 0) -> floa
 
 
 def test_a_full_queue_stops_reading_the_socket_until_storage_catches_up(make_cluster):
+    # The pause must stall commits without ending the store session: on a busy machine
+    # it can outlast the default 5 s after which a silent member ends the session (and
+    # its 2 in-flight batches, 126 appends, are lost: flush then answers 19873).
     cluster = make_cluster(
-        server_args=["--max-queue", "200", "--max-in-flight", "2", "--max-batch-bytes", "65536"]
+        server_args=[
+            *("--max-queue", "200", "--max-in-flight", "2", "--max-batch-bytes", "65536"),
+            *("--storage-timeout", "120"),
+        ]
     )
     total = 20_000
 
