@@ -47,12 +47,14 @@ def replica_metric(cluster, name: str, replica: str, partition: int = 0) -> floa
 
 
 def test_a_full_queue_stops_reading_the_socket_until_storage_catches_up(make_cluster):
-    # The pause must stall commits without ending the store session: on a busy machine
-    # it can outlast the default 5 s after which a silent member ends the session (and
-    # its 2 in-flight batches, 126 appends, are lost: flush then answers 19873).
+    # The pause must stall commits without ending the store session. After the resume
+    # one replica may lag the other while both work through their backlog; a member more
+    # than 8 x max-in-flight batches behind ends the session (its in-flight batches, 126
+    # appends at max-in-flight 2, were then lost: flush answered 19873). Hence room for
+    # 64 batches of lag, and a long straggler limit for a slow machine.
     cluster = make_cluster(
         server_args=[
-            *("--max-queue", "200", "--max-in-flight", "2", "--max-batch-bytes", "65536"),
+            *("--max-queue", "200", "--max-in-flight", "8", "--max-batch-bytes", "65536"),
             *("--storage-timeout", "120"),
         ]
     )
