@@ -792,6 +792,30 @@ def test_reads_of_a_damaged_record_raise_instead_of_returning_bad_data(tmp_path:
         log.close()
 
 
+def test_a_read_refuses_an_index_that_disagrees_with_a_record_or_a_file_cut_short(
+    tmp_path: Path,
+) -> None:
+    """Reads take each record's extent from the index: a record whose head says another
+    length, or a data file shorter than the index, is corruption, never bad data."""
+    recs = make_records(0, 30, size=16)
+    build_log(tmp_path, recs, batch=30)
+    log = open_log(tmp_path)
+    try:
+        offsets = log.segments[0].offsets
+        offsets[13] += 4  # record 12 now "ends" 4 bytes late
+        with pytest.raises(CorruptSegment, match=r"transaction 12 .*index puts its end"):
+            log.read(10, 5, 1 << 20)
+        offsets[13] -= 4
+        assert log.read(0, 30, 1 << 20).buf == RecordBatch.from_records(recs).buf
+        with open(seg_path(tmp_path, 0), "r+b") as f:
+            f.truncate(offsets[20] + 3)  # behind the open log's back
+        with pytest.raises(CorruptSegment, match="cut short"):
+            log.read(15, 10, 1 << 20)
+        assert log.read(0, 20, 1 << 20).buf == RecordBatch.from_records(recs[:20]).buf
+    finally:
+        log.close()
+
+
 def test_verify_flags_index_entries_that_disagree_with_the_records(tmp_path: Path) -> None:
     recs = make_records(0, 10)
     (offsets,) = build_log(tmp_path, recs)

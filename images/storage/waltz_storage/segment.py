@@ -124,26 +124,48 @@ def wire_to_disk(batch: RecordBatch, start: int, stop: int, out: bytearray) -> l
     return sizes
 
 
-def disk_to_wire(buf: bytes, first_txid: int, count: int, source: str) -> RecordBatch:
-    """Verify ``count`` disk records in ``buf`` and convert them to a wire batch."""
-    parts: list[bytes | memoryview] = []
+_HEAD_CHECKED = struct.Struct(">q20xiI")  # RECORD_HEAD's txid, data length and data crc
+
+
+def disk_to_wire(buf: bytes, first_txid: int, ends: list[int], source: str) -> RecordBatch:
+    """Verify the disk records in ``buf`` and convert them to a wire batch.
+
+    ``ends[i]`` is where record ``first_txid + i`` ends in ``buf`` (from the index), so
+    the loop knows every record's extent without reading it first; a record whose
+    length disagrees with the index is corrupt like one that fails its checksums.
+    """
+    # The hot loop of every read: one unpack and two CRCs a record, locals only. On any
+    # doubt, check_record says precisely what is wrong.
+    parts: list[memoryview] = []
+    add = parts.extend
     spans: list[tuple[int, int, int]] = []
+    span = spans.append
     mv = memoryview(buf)
-    pos = 0
-    out_pos = 0
-    for i in range(count):
-        txid = first_txid + i
-        problem = check_record(buf, pos, txid)
-        if problem is not None:
+    head = _HEAD_CHECKED.unpack_from
+    stored_crc = _CRC.unpack_from
+    crc32 = zlib.crc32
+    pos = out_pos = 0
+    txid = first_txid
+    for end in ends:
+        recorded_txid, length, data_crc = head(buf, pos)
+        data = pos + RECORD_HEAD_BYTES
+        data_end = end - 4
+        if (
+            recorded_txid != txid
+            or length < 0
+            or data + length != data_end
+            or crc32(mv[pos:data]) != stored_crc(buf, data_end)[0]
+            or crc32(mv[data:data_end]) != data_crc
+        ):
+            problem = check_record(buf, pos, txid) or (
+                f"the index puts its end at offset {end}, its head says {data_end + 4}"
+            )
             raise CorruptSegment(f"{source}: transaction {txid} at offset {pos}: {problem}")
-        length = RECORD_HEAD.unpack_from(buf, pos)[6]
-        head_end = pos + RECORD_HEAD_BYTES
-        parts.append(mv[pos : pos + 32])
-        parts.append(mv[head_end : head_end + length])
-        parts.append(mv[pos + 32 : head_end])
-        spans.append((txid, out_pos, length))
+        add((mv[pos : pos + 32], mv[data:data_end], mv[pos + 32 : data]))
+        span((txid, out_pos, length))
         out_pos += 36 + length
-        pos = head_end + length + 4
+        txid += 1
+        pos = end
     return RecordBatch(b"".join(parts), spans)
 
 
@@ -391,7 +413,15 @@ class Segment:
     def read_batch(self, txid: int, max_records: int, max_bytes: int) -> RecordBatch:
         start, end, count = self._span(txid, max_records, max_bytes)
         buf = os.pread(self._data_fd, end - start, start)
-        return disk_to_wire(buf, txid, count, self.data_path)
+        if len(buf) != end - start:
+            raise CorruptSegment(
+                f"{self.data_path}: {len(buf)} bytes at offset {start} where the index "
+                f"says {end - start} (the file was cut short)"
+            )
+        i = txid - self.first_txid
+        ends = [offset - start for offset in self.offsets[i + 1 : i + count]]
+        ends.append(end - start)
+        return disk_to_wire(buf, txid, ends, self.data_path)
 
     def read_raw(self, txid: int, max_records: int, max_bytes: int) -> tuple[bytes, int]:
         """Raw disk bytes of up to ``max_records`` records and how many there are."""
