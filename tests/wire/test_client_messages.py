@@ -1215,3 +1215,13 @@ def test_mutated_messages_only_raise_protocol_errors(message, data):
 def test_a_client_high_water_mark_below_minus_one_is_malformed(message):
     with pytest.raises(MalformedMessage, match=r"client_high_water_mark .* is below -1"):
         decode_client_request(*one_frame(message))
+
+
+@given(ANY_MESSAGE)
+def test_the_frame_in_parts_is_the_frame(message):
+    """A range read's response is written as several buffers (its records not copied into
+    the frame); joined, they are exactly the encoded frame."""
+    parts = message.encode_parts()
+    assert b"".join(parts) == message.encode()
+    if isinstance(message, ReadRangeResponse):
+        assert parts[-1] is message.records.buf

@@ -860,3 +860,13 @@ def test_random_streams_only_raise_protocol_errors(chunks):
         for chunk in chunks:
             for message_type, body in decoder.feed(chunk):
                 decode(message_type, body)
+
+
+@given(ANY_MESSAGE)
+def test_the_frame_in_parts_is_the_frame(message):
+    """Responses carrying records are written as several buffers (the records not copied
+    into the frame); joined, they are exactly the encoded frame."""
+    parts = message.encode_parts()
+    assert b"".join(parts) == message.encode()
+    if isinstance(message, RecordListResponse):
+        assert parts[-1] is message.records.buf

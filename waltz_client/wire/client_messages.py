@@ -16,13 +16,14 @@ from typing import ClassVar
 
 from .buffers import Reader, pack_string
 from .errors import ChecksumMismatch, MalformedMessage, UnknownMessageType
-from .framing import encode_frame
+from .framing import encode_frame, frame_parts
 from .records import (
     DEFAULT_MAX_DATA_BYTES,
     RECORD_HEADER,
     RecordBatch,
     RecordHeader,
     ReqId,
+    UncheckedRecords,
     crc32,
 )
 
@@ -92,6 +93,10 @@ class ClientMessage:
 
     def encode(self) -> bytes:
         return encode_frame(self.TYPE, self.req_id.encode() + self._body())
+
+    def encode_parts(self) -> list:
+        """The frame as buffers to write in turn (``transport.writelines``)."""
+        return [self.encode()]
 
     @classmethod
     def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> ClientMessage:
@@ -411,10 +416,15 @@ class ReadRangeResponse(ClientMessage):
 
     TYPE = ClientMessageType.READ_RANGE_RESPONSE
     high_water_mark: int = -1
-    records: RecordBatch = field(default_factory=lambda: RecordBatch(b"", []))
+    # A server relays a storage node's records unchecked; a client decodes a RecordBatch.
+    records: RecordBatch | UncheckedRecords = field(default_factory=lambda: RecordBatch(b"", []))
 
     def _body(self) -> bytes:
         return _I64.pack(self.high_water_mark) + _I32.pack(len(self.records)) + self.records.buf
+
+    def encode_parts(self) -> list:
+        head = self.req_id.encode() + _I64.pack(self.high_water_mark)
+        return frame_parts(self.TYPE, head + _I32.pack(len(self.records)), self.records.buf)
 
     @classmethod
     def _read_body(cls, r, req_id, max_data_bytes):

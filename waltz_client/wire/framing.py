@@ -51,6 +51,12 @@ def encode_frame(message_type: int, body: bytes | bytearray | memoryview) -> byt
     return FRAME_HEADER.pack(len(body) + 1, message_type) + body
 
 
+def frame_parts(message_type: int, head: bytes, payload: bytes | memoryview) -> list:
+    """A frame whose body is ``head`` then ``payload``, as buffers to write in turn: a
+    large payload (records read from disk) goes to the socket without being copied."""
+    return [FRAME_HEADER.pack(len(head) + len(payload) + 1, message_type) + head, payload]
+
+
 _LENGTH = struct.Struct(">I")
 
 
@@ -62,46 +68,73 @@ class FrameDecoder:
     call. A bad length raises at once, before the body is buffered.
     """
 
-    __slots__ = ("_buf", "max_frame_bytes")
+    __slots__ = ("_need", "_parts", "_pending", "max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        self._buf = bytearray()
+        # A partial frame is kept as the chunks it came in (bytes), and joined once when
+        # whole: a frame of megabytes (a range read) arrives in many reads, and
+        # appending each to a buffer, then copying the body out of it, cost two copies.
+        self._parts: list[bytes] = []
+        self._pending = 0  # bytes in _parts
+        self._need = 0  # bytes of the partial frame in all, header included; 0: not known
         self.max_frame_bytes = max_frame_bytes
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return self._pending
+
+    def _checked_length(self, length: int) -> int:
+        if length == 0:
+            raise MalformedFrame("frame length 0: a frame holds at least its type byte")
+        if length > self.max_frame_bytes:
+            raise FrameTooLarge(
+                f"frame length {length} exceeds the maximum of {self.max_frame_bytes} bytes"
+            )
+        return length
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, bytes]]:
-        # Parse straight from ``data`` when nothing is pending, keeping only a partial
-        # frame: copying every read into the buffer first cost a large allocation (and
-        # its page faults) per read once several big frames arrived together.
-        buf = self._buf
-        if buf:
-            buf += data
-            source: bytes | bytearray | memoryview = buf
+        if not self._parts:
+            return self._split(data)
+        self._parts.append(bytes(data))  # a copy only if the caller may reuse its buffer
+        self._pending += len(data)
+        if not self._need and self._pending >= 4:
+            (length,) = _LENGTH.unpack(b"".join(self._parts)[:4])
+            self._need = 4 + self._checked_length(length)
+        if not self._need or self._pending < self._need:
+            return []
+        parts, extra = self._parts, self._pending - self._need
+        self._parts, self._pending, self._need = [], 0, 0
+        last = parts[-1]
+        cut = len(last) - extra
+        if len(parts[0]) > 5:
+            # The body in one copy: the first chunk after the frame head, up to the cut.
+            message_type = parts[0][4]
+            pieces = [memoryview(p) for p in parts]
+            pieces[0] = pieces[0][5:]
+            pieces[-1] = pieces[-1][:cut]
+            body = b"".join(pieces)
         else:
-            source = data
+            whole = b"".join([*parts[:-1], last[:cut]])
+            message_type, body = whole[4], whole[5:]
+        return [(message_type, body), *self._split(memoryview(last)[cut:])]
+
+    def _split(self, data: bytes | bytearray | memoryview) -> list[tuple[int, bytes]]:
+        """The whole frames in ``data`` (nothing pending), keeping a partial one."""
         frames: list[tuple[int, bytes]] = []
         pos = 0
-        with memoryview(source) as view:
+        with memoryview(data) as view:
             end = len(view)
             while end - pos >= 4:
                 (length,) = _LENGTH.unpack_from(view, pos)
-                if length == 0:
-                    raise MalformedFrame("frame length 0: a frame holds at least its type byte")
-                if length > self.max_frame_bytes:
-                    raise FrameTooLarge(
-                        f"frame length {length} exceeds the maximum of {self.max_frame_bytes} bytes"
-                    )
+                self._checked_length(length)
                 if end - pos - 4 < length:
+                    self._need = 4 + length
                     break
                 frames.append((view[pos + 4], bytes(view[pos + 5 : pos + 4 + length])))
                 pos += 4 + length
-            if source is not buf and pos < end:
-                buf += view[pos:]  # the start of a frame still to come
-        if source is buf and pos:
-            del buf[:pos]
+            if pos < end:  # the start of a frame still to come
+                self._parts.append(bytes(view[pos:]))
+                self._pending = end - pos
         return frames
 
 

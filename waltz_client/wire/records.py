@@ -25,6 +25,7 @@ RECORD_HEADER = struct.Struct(">qiiiii")  # txid, reqid(4), header
 WIRE_RECORD_HEAD = struct.Struct(">qiiiiii")  # RECORD_HEADER + data length
 CRC = struct.Struct(">I")
 _TXID_AND_LENGTH = struct.Struct(">q20xi")  # WIRE_RECORD_HEAD's first and last fields
+_TXID = struct.Struct(">q")
 
 DEFAULT_MAX_DATA_BYTES = 16 * 1024 * 1024
 
@@ -220,3 +221,31 @@ class RecordBatch:
     def headers(self) -> Iterator[RecordHeader]:
         for rec in self.records():
             yield RecordHeader(rec.transaction_id, rec.req_id, rec.header)
+
+
+class UncheckedRecords:
+    """Wire records counted but neither walked nor checked: what a server relays from a
+    storage node to a range-read client, which checks every record (bounds, IDs, CRCs)
+    itself when it decodes them. ``check`` decodes them here instead."""
+
+    __slots__ = ("buf", "count")
+
+    def __init__(self, buf: bytes | memoryview, count: int) -> None:
+        self.buf = buf
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"UncheckedRecords({self.count} records, {len(self.buf)} bytes)"
+
+    @property
+    def first_txid(self) -> int | None:
+        """The first record's transaction ID as it claims (None: no record, or too short)."""
+        if not self.count or len(self.buf) < 8:
+            return None
+        return _TXID.unpack_from(self.buf)[0]
+
+    def check(self, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> RecordBatch:
+        return RecordBatch.read(Reader(self.buf), self.count, max_data_bytes)

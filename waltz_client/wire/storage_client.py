@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import struct
 import uuid
 
 from .errors import HandshakeError, ProtocolError
@@ -24,7 +25,7 @@ from .framing import (
     OpenConnection,
     Service,
 )
-from .records import Record, RecordBatch, RecordHeader
+from .records import Record, RecordBatch, RecordHeader, UncheckedRecords
 from .storage_messages import (
     DEFAULT_LIMITS,
     RETENTION_VERSION,
@@ -51,11 +52,16 @@ from .storage_messages import (
     SetLowWaterMarkRequest,
     StorageError,
     StorageMessage,
+    StorageMessageType,
     TruncateRequest,
     decode_response,
+    decode_unchecked_record_list,
 )
 
 log = logging.getLogger(__name__)
+
+_SEQ = struct.Struct(">q")  # a response's sequence number, after its session ID
+_SEQ_END = 16
 
 
 class StorageFailure(Exception):
@@ -86,6 +92,7 @@ class StorageClient:
         self._limits = limits
         self._decoder = FrameDecoder(max_frame_bytes)
         self._pending: dict[int, asyncio.Future[StorageMessage]] = {}
+        self._unchecked: set[int] = set()  # requests whose records the caller relays unread
         self._seqs = itertools.count(1)
         self._closed: BaseException | None = None
         self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
@@ -146,7 +153,16 @@ class StorageClient:
                 if not data:
                     break
                 for message_type, body in self._decoder.feed(data):
-                    message = decode_response(message_type, body, self._limits)
+                    if (
+                        self._unchecked
+                        and message_type == StorageMessageType.RECORD_LIST_RESPONSE
+                        and len(body) >= _SEQ_END
+                        and _SEQ.unpack_from(body, 8)[0] in self._unchecked
+                    ):
+                        message = decode_unchecked_record_list(body, self._limits)
+                        self._unchecked.discard(message.seq)
+                    else:
+                        message = decode_response(message_type, body, self._limits)
                     future = self._pending.pop(message.seq, None)
                     if future is None:
                         raise ProtocolError(f"response for unknown sequence number {message.seq}")
@@ -285,6 +301,20 @@ class StorageClient:
             RecordListRequest(session_id, self.next_seq(), partition_id, txid, max_records)
         )
         assert isinstance(r, RecordListResponse)
+        return r.records
+
+    async def records_unchecked(
+        self, session_id: int, partition_id: int, txid: int, max_records: int
+    ) -> UncheckedRecords:
+        """``records``, counted but not walked or checked: for a server relaying them to a
+        range-read client, which checks each record itself (a Failure still raises)."""
+        request = RecordListRequest(session_id, self.next_seq(), partition_id, txid, max_records)
+        self._unchecked.add(request.seq)
+        try:
+            r = await self.call(request)
+        finally:
+            self._unchecked.discard(request.seq)
+        assert isinstance(r, RecordListResponse) and isinstance(r.records, UncheckedRecords)
         return r.records
 
 

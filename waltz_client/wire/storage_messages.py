@@ -18,8 +18,8 @@ from typing import ClassVar
 
 from .buffers import Reader, pack_string
 from .errors import MalformedMessage, UnknownMessageType
-from .framing import encode_frame
-from .records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, RecordHeader
+from .framing import encode_frame, frame_parts
+from .records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, RecordHeader, UncheckedRecords
 
 # Versions this build speaks. 2 adds retention: Log Info and Set Log Start.
 STORAGE_PROTOCOL_VERSIONS = range(1, 3)
@@ -104,6 +104,10 @@ class StorageMessage:
     def encode(self) -> bytes:
         head = MESSAGE_HEADER.pack(self.session_id, self.seq, self.partition_id)
         return encode_frame(self.TYPE, head + self._body())
+
+    def encode_parts(self) -> list:
+        """The frame as buffers to write in turn (``transport.writelines``)."""
+        return [self.encode()]
 
     @classmethod
     def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> StorageMessage:
@@ -421,10 +425,24 @@ class RecordListResponse(StorageMessage):
     def _body(self) -> bytes:
         return _I32.pack(len(self.records)) + self.records.buf
 
+    def encode_parts(self) -> list:
+        head = MESSAGE_HEADER.pack(self.session_id, self.seq, self.partition_id)
+        return frame_parts(self.TYPE, head + _I32.pack(len(self.records)), self.records.buf)
+
     @classmethod
     def _read_body(cls, r, head, limits):
         n = r.count("RecordList.count", limits.max_list_records)
         return cls(*head, RecordBatch.read(r, n, limits.max_data_bytes))
+
+
+def decode_unchecked_record_list(body: bytes, limits: Limits = DEFAULT_LIMITS) -> StorageMessage:
+    """A Record List response with its records counted but not walked or checked
+    (``UncheckedRecords``), for a relay whose receiver checks them; any other response
+    decodes as usual."""
+    r = Reader(body)
+    head = (r.i64("session id"), r.i64("sequence number"), r.i32("partition id"))
+    n = r.count("RecordList.count", limits.max_list_records)
+    return RecordListResponse(*head, UncheckedRecords(r.rest(), n))  # type: ignore[arg-type]
 
 
 STORAGE_REQUESTS: dict[int, type[StorageMessage]] = {

@@ -137,6 +137,11 @@ class ClientConnectionHandler(asyncio.Protocol):
         if self._transport is not None and not self.closed:
             self._transport.write(frame)
 
+    def send_parts(self, parts: list) -> None:
+        """A frame as buffers written in turn: a range read's records are not copied."""
+        if self._transport is not None and not self.closed:
+            self._transport.writelines(parts)
+
     def pause_reading(self) -> None:
         self._pauses += 1
         self._sync_socket()
@@ -511,7 +516,7 @@ class ClientConnectionHandler(asyncio.Protocol):
                     batch = await partition.read_range(
                         message.from_transaction_id, message.max_records, message.max_bytes
                     )
-                    self.send(ReadRangeResponse(q, hwm, batch).encode())
+                    self.send_parts(ReadRangeResponse(q, hwm, batch).encode_parts())
         except asyncio.CancelledError:
             raise
         except Exception as e:

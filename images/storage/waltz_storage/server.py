@@ -405,7 +405,10 @@ class StorageConnection(asyncio.Protocol):
         if self._transport is None:
             return
         if not self._transport.is_closing():
-            self._transport.write(b"".join(response.encode() for response, _ in answers))
+            # Records read from disk go to the socket as they are, not copied into a frame.
+            self._transport.writelines(
+                [part for response, _ in answers for part in response.encode_parts()]
+            )
         if self._paused and (
             self._queued_requests <= self._settings.queue_max_requests // 2
             and self._queued_bytes <= self._settings.queue_max_bytes // 2
