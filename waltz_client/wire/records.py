@@ -13,11 +13,11 @@ decoded, so hot paths never build one Python object per record.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .buffers import Reader
+from .crc import crc32 as fast_crc32
 from .errors import ChecksumMismatch, MalformedMessage
 
 REQ_ID = struct.Struct(">iiii")
@@ -32,7 +32,7 @@ DEFAULT_MAX_DATA_BYTES = 16 * 1024 * 1024
 
 def crc32(data: bytes | bytearray | memoryview) -> int:
     """CRC-32 (zlib polynomial) of transaction data, as an unsigned 32-bit int."""
-    return zlib.crc32(data) & 0xFFFFFFFF
+    return fast_crc32(data) & 0xFFFFFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +182,7 @@ class RecordBatch:
         append = spans.append
         txid_and_length = _TXID_AND_LENGTH.unpack_from
         stored_crc = CRC.unpack_from
-        crc32 = zlib.crc32
+        crc32 = fast_crc32
         head_size = WIRE_RECORD_HEAD.size
         pos = 0
         for i in range(count):

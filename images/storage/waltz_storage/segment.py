@@ -29,6 +29,7 @@ import zlib
 from array import array
 from typing import TYPE_CHECKING
 
+from waltz_client.wire.crc import crc32 as fast_crc32
 from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch
 
 from .control_file import fsync_directory
@@ -89,7 +90,7 @@ def check_record(buf: bytes | memoryview, pos: int, expected_txid: int) -> str |
     head_end = pos + RECORD_HEAD_BYTES
     if end - head_end >= length + 4 and length >= 0:
         (record_crc,) = _CRC.unpack_from(buf, head_end + length)
-        head_ok = zlib.crc32(memoryview(buf)[pos:head_end]) == record_crc
+        head_ok = fast_crc32(memoryview(buf)[pos:head_end]) == record_crc
     else:
         head_ok = False
     if not head_ok:
@@ -98,7 +99,7 @@ def check_record(buf: bytes | memoryview, pos: int, expected_txid: int) -> str |
         return "record checksum mismatch"
     if txid != expected_txid:
         return f"transaction id {txid} where {expected_txid} was expected"
-    if zlib.crc32(memoryview(buf)[head_end : head_end + length]) != data_crc:
+    if fast_crc32(memoryview(buf)[head_end : head_end + length]) != data_crc:
         return f"data checksum mismatch in transaction {txid}"
     return None
 
@@ -110,7 +111,7 @@ def wire_to_disk(batch: RecordBatch, start: int, stop: int, out: bytearray) -> l
     """
     buf = batch.buf
     mv = memoryview(buf)
-    crc_fn = zlib.crc32
+    crc_fn = fast_crc32
     sizes = []
     head_size = WIRE_RECORD_HEAD.size  # 32
     for _, pos, length in batch.spans[start:stop]:
@@ -143,7 +144,7 @@ def disk_to_wire(buf: bytes, first_txid: int, ends: list[int], source: str) -> R
     mv = memoryview(buf)
     head = _HEAD_CHECKED.unpack_from
     stored_crc = _CRC.unpack_from
-    crc32 = zlib.crc32
+    crc32 = fast_crc32
     pos = out_pos = 0
     txid = first_txid
     for end in ends:
@@ -476,7 +477,7 @@ def scan_records(fd: int, pos: int, size: int, expected_txid: int) -> tuple[arra
     Reads ``SCAN_CHUNK_BYTES`` at a time; a record larger than that is read whole.
     """
     offsets = array("q")
-    crc32 = zlib.crc32
+    crc32 = fast_crc32
     head = RECORD_HEAD.unpack_from
     crc_at = _CRC.unpack_from
     while pos < size:
