@@ -123,7 +123,7 @@ def test_unknown_partitions_are_refused():
 
 def test_splits_interleave_partitions():
     splits = plan_splits({0: 0, 1: 5, 2: 3}, {0: 25, 1: 5, 2: 4}, 10)
-    assert splits == [Split(0, 0, 10), Split(2, 3, 4), Split(0, 10, 20), Split(0, 20, 25)]
+    assert splits == [Split(0, 0, 8), Split(2, 3, 4), Split(0, 8, 16), Split(0, 16, 25)]
 
 
 offset_maps = st.dictionaries(st.integers(0, 5), st.integers(0, 500), min_size=1)
@@ -138,6 +138,8 @@ def test_splits_cover_each_range_exactly_once(start, extra, size):
         covered = [t for s in mine for t in range(s.start, s.end)]
         assert covered == list(range(start[p], end[p]))
         assert all(0 < len(s) <= size for s in mine)
+        assert len(mine) == -(-(end[p] - start[p]) // size)  # as few as fit
+        assert max(map(len, mine), default=0) - min(map(len, mine), default=0) <= 1
 
 
 @given(offset_maps, st.lists(st.integers(0, 300), min_size=6, max_size=6), st.integers(1, 400))

@@ -8,6 +8,7 @@ mark + 1.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -89,12 +90,17 @@ def check_range(start: Mapping[int, int], end: Mapping[int, int]) -> None:
 def plan_splits(
     start: Mapping[int, int], end: Mapping[int, int], max_per_split: int
 ) -> list[Split]:
-    """Each partition's range cut into splits of at most ``max_per_split`` transactions,
-    interleaved across partitions so that the first tasks read every partition."""
+    """Each partition's range cut into as few splits of at most ``max_per_split``
+    transactions as it takes, all of one size (to within one), so no short task is left
+    to run alone at the end of a stage; interleaved across partitions so that the first
+    tasks read every partition."""
     per_partition = []
     for p in sorted(start):
-        cuts = range(start[p], end.get(p, start[p]), max_per_split)
-        per_partition.append([Split(p, s, min(s + max_per_split, end[p])) for s in cuts])
+        first, stop = start[p], end.get(p, start[p])
+        total = max(0, stop - first)
+        pieces = -(-total // max_per_split)  # ceiling
+        bounds = [first + total * i // pieces for i in range(pieces + 1)] if pieces else []
+        per_partition.append([Split(p, a, b) for a, b in itertools.pairwise(bounds)])
     splits = []
     for row in range(max((len(r) for r in per_partition), default=0)):
         splits.extend(r[row] for r in per_partition if row < len(r))
