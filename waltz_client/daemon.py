@@ -4,6 +4,7 @@ ready file. Shared by the storage and server daemons."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -15,6 +16,15 @@ from aiohttp import web
 
 from .http_guard import GuardedSite, start_guarded_http
 from .tls import TlsContexts, TlsFiles
+
+
+def settle_heap() -> None:
+    """Once started: the objects made so far (modules, config, partitions) last the
+    process's life, so the cyclic collector stops walking them (``gc.freeze``). A busy
+    daemon keeps thousands of objects alive between collections (a batch's records), and
+    each full collection walked the whole heap again: a sixth of a storage node's CPU."""
+    gc.collect()
+    gc.freeze()
 
 
 def write_ready_file(path: str, info: dict) -> None:

@@ -9,7 +9,7 @@ import signal
 import sys
 
 from waltz_client.cluster.metadata import ServerRegistration
-from waltz_client.daemon import run_daemon, start_http, write_ready_file
+from waltz_client.daemon import run_daemon, settle_heap, start_http, write_ready_file
 
 from .config import ConfigError, ServerConfig, load_config
 from .coordinator import ServerCoordinator
@@ -68,6 +68,7 @@ async def serve(config: ServerConfig) -> int:
         log.info(
             "server %s serving clients on %s:%d (http %d)", server_id, config.host, port, http_port
         )
+        settle_heap()
         if config.ready_file:
             write_ready_file(
                 config.ready_file,

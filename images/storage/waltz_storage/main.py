@@ -9,7 +9,7 @@ import signal
 import sys
 
 from waltz_client.cluster.metadata import ReplicaAssignment, key_fingerprint
-from waltz_client.daemon import run_daemon, start_http, write_ready_file
+from waltz_client.daemon import run_daemon, settle_heap, start_http, write_ready_file
 from waltz_client.partition_ranges import format_partition_ranges
 from waltz_client.peer_limits import peer_limits_of
 from waltz_client.tls import TlsContexts
@@ -119,6 +119,7 @@ async def serve(config: StorageConfig) -> int:
         http_port,
         config.directory,
     )
+    settle_heap()
     if config.ready_file:
         write_ready_file(
             config.ready_file,
