@@ -16,7 +16,7 @@ from .callbacks import WaltzClientCallbacks
 from .client import SubmitResult, WaltzClient
 from .config import WaltzClientConfig
 from .transaction import TransactionContext
-from .wire.records import Record, RecordBatch
+from .wire.records import Record, RecordBatch, UncheckedRecords
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
@@ -79,7 +79,8 @@ class BlockingWaltzClient:
         batch_records: int = 1000,
         batch_bytes: int = 4 * 1024 * 1024,
         in_flight: int = 1,
-    ) -> Iterator[RecordBatch]:
+        checked: bool = True,
+    ) -> Iterator[RecordBatch | UncheckedRecords]:
         """``WaltzClient.read_batches``, with the next batch already on its way while
         the caller works on one."""
         agen = self.client.read_batches(
@@ -89,6 +90,7 @@ class BlockingWaltzClient:
             batch_records=batch_records,
             batch_bytes=batch_bytes,
             in_flight=in_flight,
+            checked=checked,
         )
         ahead = asyncio.run_coroutine_threadsafe(agen.__anext__(), self._loop)
         try:

@@ -55,8 +55,9 @@ from .wire.client_messages import (
     TransactionDataRequest,
     TransactionDataResponse,
 )
+from .wire.errors import MalformedMessage
 from .wire.framing import OpenConnection
-from .wire.records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, ReqId
+from .wire.records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, ReqId, UncheckedRecords
 from .wire.server_connection import ServerConnection
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,7 @@ class _ServerLink:
                     int(port),
                     on_message=self._on_rpc_message,
                     open_connection=self.client.open_connection,
+                    check_records=False,  # _read_range checks them, or its caller does
                 )
                 conn = self.rpc
                 spawn(self._watch_rpc(conn), self._tasks, "watching an RPC connection", log)
@@ -887,13 +889,16 @@ class WaltzClient:
         batch_records: int = 1000,
         batch_bytes: int = 4 * 1024 * 1024,
         in_flight: int = 1,
-    ) -> AsyncIterator[RecordBatch]:
+        checked: bool = True,
+    ) -> AsyncIterator[RecordBatch | UncheckedRecords]:
         """``read``, a response at a time: record batches as the server sent them (bulk
         readers such as the Spark source decode them without one object per record). A
         gap below ``start`` or between batches raises: the log has no holes. With a
         ``stop`` and ``in_flight`` > 1, that many requests for consecutive ranges are
         under way at once, so the storage node, the server and this client work on
-        different batches at the same time."""
+        different batches at the same time. ``checked=False`` yields ``UncheckedRecords``
+        whose first ID is the one asked for: the caller must check them
+        (``UncheckedRecords.check``, or as the Spark source converts them)."""
         if (
             start < 0
             or batch_records < 1
@@ -907,22 +912,30 @@ class WaltzClient:
             )
         if stop is not None and in_flight > 1:
             async for batch in self._read_pipelined(
-                partition_id, start, stop, batch_records, batch_bytes, in_flight
+                partition_id, start, stop, batch_records, batch_bytes, in_flight, checked
             ):
                 yield batch
             return
         next_txid = start
         while stop is None or next_txid <= stop:
             count = batch_records if stop is None else min(batch_records, stop - next_txid + 1)
-            batch = await self._read_range(partition_id, next_txid, count, batch_bytes, stop)
+            batch = await self._read_range(
+                partition_id, next_txid, count, batch_bytes, stop, checked
+            )
             if batch is None:
                 return
             yield batch
             next_txid = batch.last_txid + 1
 
     async def _read_range(
-        self, partition_id: int, first: int, count: int, batch_bytes: int, stop: int | None
-    ) -> RecordBatch | None:
+        self,
+        partition_id: int,
+        first: int,
+        count: int,
+        batch_bytes: int,
+        stop: int | None,
+        checked: bool = True,
+    ) -> RecordBatch | UncheckedRecords | None:
         """One range read from ``first``; None at the end of the log (no ``stop``)."""
         answer = await self._rpc(
             partition_id, lambda q: ReadRangeRequest(q, first, count, batch_bytes), requested=first
@@ -936,8 +949,13 @@ class WaltzClient:
                     f"(high-water mark {answer.high_water_mark})"
                 )
             return None
-        if batch.first_txid != first:
-            raise MissingTransactions(partition_id, first, batch.first_txid)
+        if checked and isinstance(batch, UncheckedRecords):
+            batch = batch.check(DEFAULT_MAX_DATA_BYTES)
+        first_txid = batch.first_txid
+        if first_txid is None:  # unchecked, and not even one record's ID: a bad reply
+            raise MalformedMessage(f"range read: {len(batch)} records in {len(batch.buf)} bytes")
+        if first_txid != first:
+            raise MissingTransactions(partition_id, first, first_txid)
         return batch
 
     async def _read_pipelined(
@@ -948,7 +966,8 @@ class WaltzClient:
         batch_records: int,
         batch_bytes: int,
         in_flight: int,
-    ) -> AsyncIterator[RecordBatch]:
+        checked: bool = True,
+    ) -> AsyncIterator[RecordBatch | UncheckedRecords]:
         pending: collections.deque[tuple[int, int, asyncio.Task]] = collections.deque()
         next_txid = start
         try:
@@ -956,7 +975,7 @@ class WaltzClient:
                 while len(pending) < in_flight and next_txid <= stop:
                     count = min(batch_records, stop - next_txid + 1)
                     task = asyncio.ensure_future(
-                        self._read_range(partition_id, next_txid, count, batch_bytes, stop)
+                        self._read_range(partition_id, next_txid, count, batch_bytes, stop, checked)
                     )
                     pending.append((next_txid, count, task))
                     next_txid += count
@@ -969,7 +988,7 @@ class WaltzClient:
                 rest = batch.last_txid + 1
                 while rest < first + count:
                     more = await self._read_range(
-                        partition_id, rest, first + count - rest, batch_bytes, stop
+                        partition_id, rest, first + count - rest, batch_bytes, stop, checked
                     )
                     assert more is not None
                     yield more

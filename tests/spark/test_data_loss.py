@@ -14,7 +14,7 @@ from waltz_client.client import MissingTransactions, WaltzError
 from waltz_client.spark.options import parse_read_options
 from waltz_client.spark.planning import Split
 from waltz_client.spark.split_reader import read_split
-from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.records import Record, RecordBatch, ReqId, UncheckedRecords
 
 
 class LogStartingAt:
@@ -23,14 +23,17 @@ class LogStartingAt:
     def __init__(self, first: int) -> None:
         self.first = first
 
-    def read_batches(self, partition_id, start, stop, *, batch_records, batch_bytes, in_flight):
+    def read_batches(
+        self, partition_id, start, stop, *, batch_records, batch_bytes, in_flight, checked
+    ):
         if start < self.first:
             raise MissingTransactions(partition_id, start, self.first)
         for low in range(start, stop + 1, batch_records):
             high = min(stop, low + batch_records - 1)
-            yield RecordBatch.from_records(
+            batch = RecordBatch.from_records(
                 [Record(t, ReqId(1, 1, 0, t), t, b"x") for t in range(low, high + 1)]
             )
+            yield batch if checked else UncheckedRecords(batch.buf, len(batch))
 
 
 def options(**more):

@@ -8,10 +8,20 @@ buffer by Arrow itself (from views into the response's bytes).
 
 from __future__ import annotations
 
+import struct
+from typing import NoReturn
+
 import numpy as np
 import pyarrow as pa
 
-from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch
+from waltz_client.wire.crc import crc32
+from waltz_client.wire.errors import MalformedMessage
+from waltz_client.wire.records import (
+    DEFAULT_MAX_DATA_BYTES,
+    WIRE_RECORD_HEAD,
+    RecordBatch,
+    UncheckedRecords,
+)
 
 SCHEMA_DDL = "partition int, transaction_id long, header int, data binary, client_id long"
 ARROW_SCHEMA = pa.schema(
@@ -54,6 +64,81 @@ def to_arrow(partition_id: int, batch: RecordBatch) -> pa.RecordBatch:
         ],
         schema=ARROW_SCHEMA,
     )
+
+
+_LENGTH_AT = struct.Struct(">i").unpack_from  # a record's data length, at 28 in its head
+_LENGTH_OFFSET = 28
+_CRC_BYTES = 4
+
+
+def checked_to_arrow(
+    partition_id: int, records: UncheckedRecords, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
+) -> pa.RecordBatch:
+    """``to_arrow(partition_id, records.check(max_data_bytes))`` in one pass, which also
+    checks that the IDs are consecutive: walk the lengths to find each record, then
+    numpy checks the heads and compares the CRCs. On any fault, ``check`` says what is
+    wrong (MalformedMessage, ChecksumMismatch)."""
+    n = len(records)
+    if n == 0:
+        return _empty()
+    buf = records.buf
+    end = len(buf)
+    # The one sequential part: each record's length says where the next one starts.
+    positions: list[int] = []
+    add = positions.append
+    length_at = _LENGTH_AT
+    overhead = _HEAD + _CRC_BYTES
+    pos = 0
+    for _ in range(n):
+        if end - pos < overhead:
+            _refuse(records, max_data_bytes)
+        length = length_at(buf, pos + _LENGTH_OFFSET)[0]
+        if length < 0 or length > max_data_bytes or end - pos - overhead < length:
+            _refuse(records, max_data_bytes)
+        add(pos)
+        pos += overhead + length
+    if pos != end:
+        _refuse(records, max_data_bytes)
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    at = np.array(positions, dtype=np.int64)
+
+    def big_endian(offsets: np.ndarray, width: int, dtype: str) -> np.ndarray:
+        return raw[offsets[:, None] + np.arange(width)].view(dtype).reshape(n)
+
+    lengths = big_endian(at + _LENGTH_OFFSET, 4, ">i4").astype(np.int64)
+    starts = at + _HEAD
+    stops = starts + lengths
+    mv = memoryview(buf)
+    actual = np.fromiter(
+        (crc32(mv[a:b]) for a, b in zip(starts.tolist(), stops.tolist(), strict=True)),
+        dtype=np.uint32,
+        count=n,
+    )
+    if not np.array_equal(actual, big_endian(stops, 4, ">u4")):
+        _refuse(records, max_data_bytes)
+    txids = big_endian(at, 8, ">i8").astype(np.int64)
+    first = int(txids[0])
+    if not np.array_equal(txids, np.arange(first, first + n, dtype=np.int64)):
+        i = int(np.argmax(txids != np.arange(first, first + n)))
+        raise MalformedMessage(
+            f"range read: record {i} is transaction {int(txids[i])}, where {first + i} "
+            f"follows {first} without a gap"
+        )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(n, partition_id, dtype=np.int32)),
+            pa.array(txids),
+            pa.array(big_endian(at + _HEADER_AT, 4, ">i4").astype(np.int32)),
+            _data_column(buf, raw, starts, lengths),
+            pa.array(big_endian(at + _CLIENT_ID_AT, 4, ">i4").astype(np.int64)),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def _refuse(records: UncheckedRecords, max_data_bytes: int) -> NoReturn:
+    records.check(max_data_bytes)  # raises, naming the record and the fault
+    raise MalformedMessage(f"range read: {records!r} failed a check that check() passed")
 
 
 def _data_column(buf: bytes, raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:

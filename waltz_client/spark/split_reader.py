@@ -13,8 +13,9 @@ import pyarrow as pa
 from waltz_client.blocking import BlockingWaltzClient
 from waltz_client.client import MissingTransactions, WaltzError
 from waltz_client.config import WaltzClientConfig
+from waltz_client.wire.records import UncheckedRecords
 
-from .arrow import to_arrow
+from .arrow import checked_to_arrow
 from .options import ReadOptions, WriteOptions
 from .planning import Split
 
@@ -77,9 +78,11 @@ def read_split(
                 batch_records=min(options.fetch_records, split.end - start),
                 batch_bytes=options.fetch_bytes,
                 in_flight=options.fetch_in_flight,
+                checked=False,  # checked as they are converted
             ):
-                yield to_arrow(split.partition, batch)
-                start = batch.last_txid + 1
+                assert isinstance(batch, UncheckedRecords)
+                yield checked_to_arrow(split.partition, batch)
+                start = batch.first_txid + len(batch)
         except MissingTransactions as e:
             resume = skip_lost(options, split.partition, start, e.first_available, split.end, e)
             if resume <= start:  # the log start did not move past us: not a gap after all

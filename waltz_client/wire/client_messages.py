@@ -432,6 +432,14 @@ class ReadRangeResponse(ClientMessage):
         n = r.count("ReadRangeResponse.count", 1_000_000)
         return cls(req_id, hwm, RecordBatch.read(r, n, max_data_bytes))
 
+    @classmethod
+    def read_unchecked(cls, r: Reader, req_id: ReqId) -> ReadRangeResponse:
+        """The response with its records counted but not walked (``UncheckedRecords``):
+        a bulk reader checks them where it converts them."""
+        hwm = r.i64("ReadRangeResponse.high_water_mark")
+        n = r.count("ReadRangeResponse.count", 1_000_000)
+        return cls(req_id, hwm, UncheckedRecords(r.rest(), n))
+
 
 @dataclass(frozen=True, slots=True)
 class ErrorResponse(ClientMessage):
@@ -489,12 +497,16 @@ def _decode(
     message_type: int,
     body: bytes,
     max_data_bytes: int,
+    check_records: bool = True,
 ) -> ClientMessage:
     cls = table.get(message_type)
     if cls is None:
         raise UnknownMessageType(f"message type {message_type} is not a client {direction}")
     r = Reader(body)
-    message = cls._read_body(r, ReqId.read(r), max_data_bytes)
+    if cls is ReadRangeResponse and not check_records:
+        message: ClientMessage = ReadRangeResponse.read_unchecked(r, ReqId.read(r))
+    else:
+        message = cls._read_body(r, ReqId.read(r), max_data_bytes)
     r.expect_end(cls.__name__)
     return message
 
@@ -506,6 +518,12 @@ def decode_client_request(
 
 
 def decode_server_response(
-    message_type: int, body: bytes, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
+    message_type: int,
+    body: bytes,
+    max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+    *,
+    check_records: bool = True,
 ) -> ClientMessage:
-    return _decode(SERVER_RESPONSES, "response", message_type, body, max_data_bytes)
+    """``check_records=False``: a range read's records come as ``UncheckedRecords``, for
+    the reader to check (``UncheckedRecords.check``) where it uses them."""
+    return _decode(SERVER_RESPONSES, "response", message_type, body, max_data_bytes, check_records)

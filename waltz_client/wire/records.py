@@ -247,5 +247,11 @@ class UncheckedRecords:
             return None
         return _TXID.unpack_from(self.buf)[0]
 
+    @property
+    def last_txid(self) -> int | None:
+        """The last record's ID if the IDs are consecutive, as a check finds them."""
+        first = self.first_txid
+        return None if first is None else first + self.count - 1
+
     def check(self, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> RecordBatch:
         return RecordBatch.read(Reader(self.buf), self.count, max_data_bytes)

@@ -44,6 +44,7 @@ class ServerConnection:
         on_message: Callable[[ClientMessage], None] | None,
         max_frame_bytes: int,
         max_data_bytes: int,
+        check_records: bool = True,
     ) -> None:
         self._reader = reader
         self._writer = writer
@@ -52,6 +53,7 @@ class ServerConnection:
         self._on_message = on_message or self.messages.put_nowait
         self._decoder = FrameDecoder(max_frame_bytes)
         self._max_data_bytes = max_data_bytes
+        self._check_records = check_records
         self.closed_reason: str | None = None
         self.closed_event = asyncio.Event()
         self._out: list[bytes] = []
@@ -70,7 +72,10 @@ class ServerConnection:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
         open_connection: OpenConnection = asyncio.open_connection,
+        check_records: bool = True,
     ) -> ServerConnection:
+        """``check_records=False``: range reads' records arrive unchecked (the caller
+        checks them: ``decode_server_response``)."""
         endpoint = f"{host}:{port}"
 
         async def dial() -> ServerConnection:
@@ -84,7 +89,15 @@ class ServerConnection:
             except BaseException:
                 writer.close()
                 raise
-            return cls(reader, writer, endpoint, on_message, max_frame_bytes, max_data_bytes)
+            return cls(
+                reader,
+                writer,
+                endpoint,
+                on_message,
+                max_frame_bytes,
+                max_data_bytes,
+                check_records,
+            )
 
         return await asyncio.wait_for(dial(), timeout)
 
@@ -133,7 +146,12 @@ class ServerConnection:
                         await self._reading.wait()
                     message_type, body = frames.popleft()
                     self._on_message(
-                        decode_server_response(message_type, body, self._max_data_bytes)
+                        decode_server_response(
+                            message_type,
+                            body,
+                            self._max_data_bytes,
+                            check_records=self._check_records,
+                        )
                     )
                 await self._reading.wait()
                 data = await self._reader.read(256 * 1024)
