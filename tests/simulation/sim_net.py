@@ -61,6 +61,12 @@ class SimTransport(asyncio.Transport):
     def is_reading(self) -> bool:
         return not self._paused
 
+    def set_protocol(self, protocol) -> None:
+        self.protocol = protocol
+
+    def get_protocol(self):
+        return self.protocol
+
     def write(self, data) -> None:
         if self._closing or not data:
             return

@@ -15,10 +15,10 @@ import struct
 import uuid
 
 from .errors import HandshakeError, ProtocolError
+from .frame_protocol import FrameProtocol
 from .framing import (
     DEFAULT_MAX_FRAME_BYTES,
     HANDSHAKE_BYTES,
-    FrameDecoder,
     HandshakeStatus,
     Hello,
     HelloReply,
@@ -86,16 +86,18 @@ class StorageClient:
         max_frame_bytes: int,
         limits: Limits,
     ) -> None:
-        self._reader = reader
         self._writer = writer
         self.version = version
         self._limits = limits
-        self._decoder = FrameDecoder(max_frame_bytes)
         self._pending: dict[int, asyncio.Future[StorageMessage]] = {}
         self._unchecked: set[int] = set()  # requests whose records the caller relays unread
         self._seqs = itertools.count(1)
         self._closed: BaseException | None = None
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+        # The handshake is done and the node sends nothing unasked: from here the socket
+        # reads go straight into frame buffers.
+        self._protocol = FrameProtocol(
+            writer.transport, self._on_frame, self._on_closed, max_frame_bytes
+        )
 
     @classmethod
     async def connect(
@@ -145,35 +147,27 @@ class StorageClient:
     def next_seq(self) -> int:
         return next(self._seqs)
 
-    async def _read_loop(self) -> None:
-        error: BaseException = StorageConnectionClosed("storage connection closed")
-        try:
-            while True:
-                data = await self._reader.read(256 * 1024)
-                if not data:
-                    break
-                for message_type, body in self._decoder.feed(data):
-                    if (
-                        self._unchecked
-                        and message_type == StorageMessageType.RECORD_LIST_RESPONSE
-                        and len(body) >= _SEQ_END
-                        and _SEQ.unpack_from(body, 8)[0] in self._unchecked
-                    ):
-                        message = decode_unchecked_record_list(body, self._limits)
-                        self._unchecked.discard(message.seq)
-                    else:
-                        message = decode_response(message_type, body, self._limits)
-                    future = self._pending.pop(message.seq, None)
-                    if future is None:
-                        raise ProtocolError(f"response for unknown sequence number {message.seq}")
-                    if not future.done():
-                        future.set_result(message)
-        except (ProtocolError, OSError) as e:
-            error = e
-            log.warning("storage connection failed: %s", e)
-        finally:
-            self._fail_all(error)
-            self._writer.close()
+    def _on_frame(self, message_type: int, body: bytes | bytearray) -> None:
+        if (
+            self._unchecked
+            and message_type == StorageMessageType.RECORD_LIST_RESPONSE
+            and len(body) >= _SEQ_END
+            and _SEQ.unpack_from(body, 8)[0] in self._unchecked
+        ):
+            message = decode_unchecked_record_list(body, self._limits)
+            self._unchecked.discard(message.seq)
+        else:
+            message = decode_response(message_type, body, self._limits)
+        future = self._pending.pop(message.seq, None)
+        if future is None:
+            raise ProtocolError(f"response for unknown sequence number {message.seq}")
+        if not future.done():
+            future.set_result(message)
+
+    def _on_closed(self, error: BaseException | None) -> None:
+        if error is not None:
+            log.warning("storage connection failed: %s", error)
+        self._fail_all(error or StorageConnectionClosed("storage connection closed"))
 
     def _fail_all(self, error: BaseException) -> None:
         self._closed = error
@@ -205,7 +199,7 @@ class StorageClient:
     async def call(self, request: StorageMessage) -> StorageMessage:
         """Send and await the response; a Failure response raises StorageFailure."""
         future = self.submit(request)
-        await self._writer.drain()
+        await self._protocol.drain()
         response = await future
         if isinstance(response, FailureResponse):
             raise StorageFailure(response.error, response.message)
@@ -213,14 +207,11 @@ class StorageClient:
 
     async def close(self) -> None:
         self._writer.close()
-        self._reader_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reader_task
         with contextlib.suppress(OSError):
-            # Shielded: the close waiter is one future shared by every close() of this
-            # client; a cancelled caller must not cancel it for the others (a partition
-            # stopping while its session loop closes the same session got CancelledError).
-            await asyncio.shield(self._writer.wait_closed())
+            # Shielded: one wait shared by every close() of this client; a cancelled
+            # caller must not cancel it for the others (a partition stopping while its
+            # session loop closes the same session got CancelledError).
+            await asyncio.shield(self._protocol.wait_closed())
 
     async def __aenter__(self) -> StorageClient:
         return self
