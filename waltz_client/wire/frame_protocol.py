@@ -14,10 +14,15 @@ unasked after its handshake reply, so the stream has nothing buffered left to pa
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import struct
+from collections import deque
 from collections.abc import Callable
 
 from .errors import FrameTooLarge, MalformedFrame, ProtocolError
+
+log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
 SCRATCH_BYTES = 256 * 1024
@@ -28,7 +33,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
     """Calls ``on_frame(message_type, body)`` for each frame in order and
     ``on_closed(error)`` once when the connection ends (None: closed cleanly). A frame
     ``on_frame`` refuses (it raises ProtocolError) closes the connection with that
-    error. ``drain`` waits while the transport's write buffer is full."""
+    error. ``pause`` stops both the frames (between two of them) and the socket reads
+    until ``resume``; ``drain`` waits while the transport's write buffer is full."""
 
     def __init__(
         self,
@@ -47,6 +53,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._large: bytearray | None = None  # the body of a large frame being read
         self._large_type = 0
         self._large_have = 0
+        self._held: deque[tuple[int, bytes | bytearray]] = deque()  # whole, while paused
+        self._paused = False
+        self._resuming = False  # _deliver_held is scheduled
         self._error: BaseException | None = None
         self._closed = False
         self._writable = asyncio.Event()
@@ -66,6 +75,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
             pending = self._end - self._start
             self._scratch[:pending] = self._scratch[self._start : self._end]
             self._start, self._end = 0, pending
+            if len(self._scratch) - pending < LARGE_FRAME_BYTES + 8:  # whole frames held
+                self._scratch.extend(bytes(len(self._scratch)))
         return memoryview(self._scratch)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -76,12 +87,53 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._large_have += nbytes
                 if self._large_have == len(self._large):
                     body, self._large = self._large, None
-                    self._on_frame(self._large_type, body)
+                    if self._paused or self._held:  # in order, after those held
+                        self._held.append((self._large_type, body))
+                    else:
+                        self._on_frame(self._large_type, body)
                 return
             self._end += nbytes
             self._cut_frames()
         except ProtocolError as e:
             self._fail(e)
+        except Exception as e:  # the consumer's own fault: end the connection, say why
+            log.exception("frame consumer failed")
+            self._fail(e)
+
+    def pause(self) -> None:
+        """No more frames (after the one being handled) until ``resume``; the socket is
+        not read meanwhile, so the peer's writes back up."""
+        if not self._paused:
+            self._paused = True
+            with contextlib.suppress(RuntimeError):  # closing
+                self.transport.pause_reading()
+
+    def resume(self) -> None:
+        """Frames again, from the next turn of the loop: never from inside the caller,
+        which may still be settling its own state (and may pause again)."""
+        if not self._paused or self._closed:
+            return
+        self._paused = False
+        if not self._resuming:
+            self._resuming = True
+            asyncio.get_running_loop().call_soon(self._deliver_held)
+
+    def _deliver_held(self) -> None:
+        self._resuming = False
+        try:
+            while self._held and not self._paused and not self._closed:
+                self._on_frame(*self._held.popleft())
+            self._cut_frames()
+        except ProtocolError as e:
+            self._fail(e)
+            return
+        except Exception as e:
+            log.exception("frame consumer failed")
+            self._fail(e)
+            return
+        if not self._paused and not self._closed:
+            with contextlib.suppress(RuntimeError):  # closing
+                self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         """For transports that only deliver bytes (a simulated network): the same, through
@@ -95,8 +147,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.buffer_updated(n)
 
     def _cut_frames(self) -> None:
-        scratch, start, end = self._scratch, self._start, self._end
-        while end - start >= 4:
+        # self._start moves before each frame is handed on: its consumer may pause, or
+        # resume (which cuts the next frames itself), before this loop looks again.
+        scratch = self._scratch
+        while not (self._paused or self._closed or self._held) and self._large is None:
+            start, end = self._start, self._end
+            if end - start < 4:
+                return
             (length,) = _LENGTH.unpack_from(scratch, start)
             if length == 0:
                 raise MalformedFrame("frame length 0: a frame holds at least its type byte")
@@ -106,12 +163,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 )
             if end - start - 4 >= length:
                 body = bytes(scratch[start + 5 : start + 4 + length])
-                message_type = scratch[start + 4]
-                start += 4 + length
-                self._start = start
-                self._on_frame(message_type, body)
-                if self._closed or self._large is not None:
-                    return
+                self._start = start + 4 + length
+                self._on_frame(scratch[start + 4], body)
                 continue
             if length - 1 >= LARGE_FRAME_BYTES and end - start >= 5:
                 # Its own buffer: what came so far, then the socket reads into it.
@@ -121,9 +174,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._large_type = scratch[start + 4]
                 self._large_have = have
                 self._start = self._end = 0
-                return
-            break
-        self._start = start
+            return
 
     @property
     def buffered(self) -> int:

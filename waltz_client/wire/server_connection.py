@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Callable
 
 from .client_messages import SERVER_PROTOCOL_VERSIONS, ClientMessage, decode_server_response
-from .errors import HandshakeError, ProtocolError
+from .errors import HandshakeError
+from .frame_protocol import FrameProtocol
 from .framing import (
     DEFAULT_MAX_FRAME_BYTES,
     HANDSHAKE_BYTES,
-    FrameDecoder,
     HandshakeStatus,
     Hello,
     HelloReply,
@@ -46,20 +45,20 @@ class ServerConnection:
         max_data_bytes: int,
         check_records: bool = True,
     ) -> None:
-        self._reader = reader
         self._writer = writer
         self.endpoint = endpoint
         self.messages: asyncio.Queue[ClientMessage] = asyncio.Queue()
         self._on_message = on_message or self.messages.put_nowait
-        self._decoder = FrameDecoder(max_frame_bytes)
         self._max_data_bytes = max_data_bytes
         self._check_records = check_records
         self.closed_reason: str | None = None
         self.closed_event = asyncio.Event()
         self._out: list[bytes] = []
-        self._reading = asyncio.Event()
-        self._reading.set()
-        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        # The handshake is done and the server sends nothing unasked: from here the
+        # socket reads go straight into frame buffers.
+        self._protocol = FrameProtocol(
+            writer.transport, self._on_frame, self._on_closed, max_frame_bytes
+        )
 
     @classmethod
     async def connect(
@@ -124,59 +123,41 @@ class ServerConnection:
 
     def pause_reading(self) -> None:
         """Stop reading the socket (the consumer is behind): the server's writes back up,
-        and its feeds wait for us."""
-        self._reading.clear()
+        and its feeds wait for us. It takes effect between two messages."""
+        self._protocol.pause()
 
     def resume_reading(self) -> None:
-        self._reading.set()
+        self._protocol.resume()
 
     async def drain(self) -> None:
         self._flush_out()
-        await self._writer.drain()
+        await self._protocol.drain()
 
-    async def _read_loop(self) -> None:
-        reason = "closed by the server"
-        try:
-            frames: deque[tuple[int, bytes]] = deque()
-            while True:
-                # Deliver one frame at a time, so a pause takes effect between frames,
-                # not after the whole chunk a read returned.
-                while frames:
-                    if not self._reading.is_set():
-                        await self._reading.wait()
-                    message_type, body = frames.popleft()
-                    self._on_message(
-                        decode_server_response(
-                            message_type,
-                            body,
-                            self._max_data_bytes,
-                            check_records=self._check_records,
-                        )
-                    )
-                await self._reading.wait()
-                data = await self._reader.read(256 * 1024)
-                if not data:
-                    break
-                frames.extend(self._decoder.feed(data))
-        except (ProtocolError, OSError) as e:
-            reason = f"{type(e).__name__}: {e}"
+    def _on_frame(self, message_type: int, body: bytes | bytearray) -> None:
+        self._on_message(
+            decode_server_response(
+                message_type, body, self._max_data_bytes, check_records=self._check_records
+            )
+        )
+
+    def _on_closed(self, error: BaseException | None) -> None:
+        if error is not None:
+            reason = f"{type(error).__name__}: {error}"
             log.warning("connection to %s failed: %s", self.endpoint, reason)
-        finally:
+        else:
+            reason = "closed by the server"
+        if self.closed_reason is None:
             self.closed_reason = reason
-            self.closed_event.set()
-            self._writer.close()
+        self.closed_event.set()
 
     async def close(self) -> None:
         if self.closed_reason is None:
             self.closed_reason = "closed by this client"
         self._writer.close()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
         with contextlib.suppress(OSError):
-            # Shielded: a cancelled caller must not cancel the close waiter that other
-            # close() calls of this connection share.
-            await asyncio.shield(self._writer.wait_closed())
+            # Shielded: a cancelled caller must not cancel the wait that other close()
+            # calls of this connection share.
+            await asyncio.shield(self._protocol.wait_closed())
 
     async def __aenter__(self) -> ServerConnection:
         return self
