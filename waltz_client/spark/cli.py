@@ -13,12 +13,16 @@ import platform
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from waltz_client.client import WaltzClient
 from waltz_client.config import WaltzClientConfig
 from waltz_client.demo.common import check_at_least_one, fresh_cluster, open_loop
+from waltz_client.demo.compare import cpu_seconds
 from waltz_client.local.cluster import LocalCluster
 from waltz_client.transaction import TransactionBuilder, TransactionContext
+
+from .planning import plan_splits
 
 
 def register(groups: argparse._SubParsersAction) -> None:
@@ -33,6 +37,11 @@ def register(groups: argparse._SubParsersAction) -> None:
     b.add_argument("--split", type=int, default=100_000, help="maxTransactionsPerSplit")
     b.add_argument("--stream-rate", type=float, default=5000.0, help="tx/s while streaming")
     b.add_argument("--stream-seconds", type=float, default=20.0, help="0: no streaming run")
+    b.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also time the same query over a source that reads nothing (Spark's own cost)",
+    )
     b.set_defaults(func=cmd_bench)
 
 
@@ -125,20 +134,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
         spark.dataSource.register(WaltzDataSource)
         options = {"zookeeper": cluster.zookeeper_connect, "zkRoot": cluster.layout.root}
 
-        def batch_read() -> tuple[float, int, int]:
+        def batch_read(source: str, **more: str) -> tuple[float, int, int]:
             started = time.perf_counter()
-            df = spark.read.format("waltz").options(**options)
-            df = df.option("maxTransactionsPerSplit", str(args.split)).load()
+            df = spark.read.format(source).options(**more).load()
             row = df.agg(F.count("*"), F.sum(F.length("data"))).collect()[0]
             return time.perf_counter() - started, row[0], row[1]
 
-        batch_read()  # warm: Python workers, JIT
-        elapsed, rows, data_bytes = batch_read()
+        waltz = {**options, "maxTransactionsPerSplit": str(args.split)}
+        batch_read("waltz", **waltz)  # warm: Python workers, JIT
+        groups = _process_groups(cluster)
+        before = {name: cpu_seconds(pids()) for name, pids in groups.items()}
+        elapsed, rows, data_bytes = batch_read("waltz", **waltz)
         print(
             f"batch read ({args.master}, splits of {args.split:,}): {rows:,} transactions, "
             f"{data_bytes / 1e6:,.0f} MB in {elapsed:.2f} s: {rows / elapsed:,.0f} tx/s, "
             f"{data_bytes / elapsed / 1e6:,.0f} MB/s"
         )
+        _print_cpu(groups, before, rows, elapsed)
+        if args.ceiling:
+            from .ceiling import CeilingDataSource
+
+            spark.dataSource.register(CeilingDataSource)
+            splits = len(plan_splits(*_even_ranges(args.partitions, rows), args.split))
+            ceiling = {"rows": str(rows), "splits": str(splits), "size": str(args.size)}
+            batch_read("waltz-ceiling", **ceiling)
+            before = {name: cpu_seconds(pids()) for name, pids in groups.items()}
+            elapsed, rows, _ = batch_read("waltz-ceiling", **ceiling)
+            print(
+                f"the same query over a source that reads nothing ({splits} splits): "
+                f"{rows / elapsed:,.0f} rows/s"
+            )
+            _print_cpu(groups, before, rows, elapsed)
         if args.stream_seconds > 0:
             _stream_latency(spark, cluster, options, args)
     finally:
@@ -147,6 +173,51 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cluster.stop()
     print(f"{os.cpu_count()} CPUs ({platform.machine()}), fsync on")
     return 0
+
+
+def _even_ranges(partitions: int, rows: int) -> tuple[dict[int, int], dict[int, int]]:
+    """The ranges a read of ``rows`` written round robin over ``partitions`` covers."""
+    return {p: 0 for p in range(partitions)}, {
+        p: rows // partitions + (p < rows % partitions) for p in range(partitions)
+    }
+
+
+def _process_groups(cluster: LocalCluster) -> dict[str, Callable[[], list[int]]]:
+    """Where the CPU goes: the cluster's daemons, and Spark's JVM and Python workers
+    (found by their command lines: the workers come and go)."""
+
+    def spark(marker: bytes) -> Callable[[], list[int]]:
+        def pids() -> list[int]:
+            found = []
+            for name in os.listdir("/proc"):
+                if name.isdigit():
+                    try:
+                        with open(f"/proc/{name}/cmdline", "rb") as f:
+                            if marker in f.read():
+                                found.append(int(name))
+                    except OSError:
+                        pass
+            return found
+
+        return pids
+
+    def daemons(processes: list) -> Callable[[], list[int]]:
+        return lambda: [p.pid for p in processes if p.pid is not None]
+
+    return {
+        "storage nodes": daemons(cluster.storages),
+        "server": daemons(cluster.servers),
+        "Spark JVM": spark(b"org.apache.spark.deploy.SparkSubmit"),
+        "Spark Python workers": spark(b"pyspark.daemon"),
+    }
+
+
+def _print_cpu(
+    groups: dict[str, Callable[[], list[int]]], before: dict[str, float], rows: int, elapsed: float
+) -> None:
+    used = {name: cpu_seconds(pids()) - before[name] for name, pids in groups.items()}
+    each = ", ".join(f"{name} {s / max(rows, 1) * 1e6:.2f} us" for name, s in used.items())
+    print(f"  CPU a row: {each} ({sum(used.values()) / elapsed:.2f} cores busy)")
 
 
 def _stream_latency(spark, cluster: LocalCluster, options: dict, args) -> None:
