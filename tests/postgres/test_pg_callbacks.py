@@ -291,10 +291,10 @@ def test_clients_sharing_a_database_take_turns(postgres, database, isolation: st
     if isolation == "read committed":
         assert [s.rolled_back for s in stats] == [0, 0, 0]
     else:
-        # those aborts are few, and each was run again inside the callbacks (none reached
-        # the client: no failure above)
+        # those aborts are few, and none reached the client (no failure above): each was
+        # run again inside the callbacks, or found applied meanwhile by another client
+        # (then counted already applied, not retried: so no bound by `retried` here)
         undone = sum(s.rolled_back for s in stats)
-        assert undone <= sum(s.retried for s in stats)
         assert undone < 0.05 * PARTITIONS * per_partition  # 0.95 per transaction before
     for cb in clients:
         cb.close()
