@@ -138,3 +138,21 @@ def test_a_stream_that_ends_inside_a_frame_says_so():
     socket.deliver(encode_frame(1, b"x" * 100)[:50], random.Random(5), 1 << 20)
     protocol.connection_lost(None)
     assert isinstance(closed[0], MalformedFrame) and "inside a frame, 50 bytes in" in str(closed[0])
+
+
+def test_frames_held_while_paused_never_leave_the_socket_without_a_buffer():
+    """A transport that still delivers while paused (a simulated network's inbox, data
+    already decrypted): whole frames pile up and the scratch buffer grows for them."""
+
+    async def scenario() -> None:
+        socket, protocol, frames, closed = _protocol()
+        protocol.pause()
+        socket.reading = True  # this transport goes on delivering
+        small = [os.urandom(1000) for _ in range(600)]  # 600 KB: more than the scratch
+        protocol.data_received(b"".join(encode_frame(1, b) for b in small))
+        assert frames == [] and not closed
+        protocol.resume()
+        await asyncio.sleep(0)
+        assert [b for _, b in frames] == small
+
+    asyncio.run(scenario())

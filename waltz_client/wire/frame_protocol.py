@@ -143,6 +143,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             buf = self.get_buffer(len(view))
             n = min(len(buf), len(view))
             buf[:n] = view[:n]
+            del buf  # no export left: the next get_buffer may grow the scratch buffer
             view = view[n:]
             self.buffer_updated(n)
 
