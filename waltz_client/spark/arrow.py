@@ -49,18 +49,31 @@ def to_arrow(partition_id: int, batch: RecordBatch) -> pa.RecordBatch:
     spans = np.array(batch.spans, dtype=np.int64).reshape(n, 3)
     txids, positions, lengths = spans[:, 0], spans[:, 1], spans[:, 2]
     raw = np.frombuffer(batch.buf, dtype=np.uint8)
+    return _record_batch(partition_id, batch.buf, raw, positions, txids, lengths)
 
-    def big_endian_i32(offset: int) -> np.ndarray:
-        gathered = raw[(positions + offset)[:, None] + _FOUR]  # n x 4 bytes, contiguous
-        return gathered.view(">i4").reshape(n).astype(np.int32)
 
+def _gather(raw: np.ndarray, offsets: np.ndarray, width: int, dtype: str) -> np.ndarray:
+    """The ``width`` bytes at each of ``offsets``, read as ``dtype`` (one per offset)."""
+    return raw[offsets[:, None] + np.arange(width)].view(dtype).reshape(len(offsets))
+
+
+def _record_batch(
+    partition_id: int,
+    buf: bytes | memoryview,
+    raw: np.ndarray,
+    positions: np.ndarray,
+    txids: np.ndarray,
+    lengths: np.ndarray,
+) -> pa.RecordBatch:
+    """The Arrow batch of checked wire records at ``positions`` in ``buf``."""
+    n = len(positions)
     return pa.RecordBatch.from_arrays(
         [
             pa.array(np.full(n, partition_id, dtype=np.int32)),
             pa.array(txids),
-            pa.array(big_endian_i32(_HEADER_AT)),
-            _data_column(batch.buf, raw, positions + _HEAD, lengths),
-            pa.array(big_endian_i32(_CLIENT_ID_AT).astype(np.int64)),
+            pa.array(_gather(raw, positions + _HEADER_AT, 4, ">i4").astype(np.int32)),
+            _data_column(buf, raw, positions + _HEAD, lengths),
+            pa.array(_gather(raw, positions + _CLIENT_ID_AT, 4, ">i4").astype(np.int64)),
         ],
         schema=ARROW_SCHEMA,
     )
@@ -101,11 +114,7 @@ def checked_to_arrow(
         _refuse(records, max_data_bytes)
     raw = np.frombuffer(buf, dtype=np.uint8)
     at = np.array(positions, dtype=np.int64)
-
-    def big_endian(offsets: np.ndarray, width: int, dtype: str) -> np.ndarray:
-        return raw[offsets[:, None] + np.arange(width)].view(dtype).reshape(n)
-
-    lengths = big_endian(at + _LENGTH_OFFSET, 4, ">i4").astype(np.int64)
+    lengths = _gather(raw, at + _LENGTH_OFFSET, 4, ">i4").astype(np.int64)
     starts = at + _HEAD
     stops = starts + lengths
     mv = memoryview(buf)
@@ -114,9 +123,9 @@ def checked_to_arrow(
         dtype=np.uint32,
         count=n,
     )
-    if not np.array_equal(actual, big_endian(stops, 4, ">u4")):
+    if not np.array_equal(actual, _gather(raw, stops, 4, ">u4")):
         _refuse(records, max_data_bytes)
-    txids = big_endian(at, 8, ">i8").astype(np.int64)
+    txids = _gather(raw, at, 8, ">i8").astype(np.int64)
     first = int(txids[0])
     if not np.array_equal(txids, np.arange(first, first + n, dtype=np.int64)):
         i = int(np.argmax(txids != np.arange(first, first + n)))
@@ -124,16 +133,7 @@ def checked_to_arrow(
             f"range read: record {i} is transaction {int(txids[i])}, where {first + i} "
             f"follows {first} without a gap"
         )
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(np.full(n, partition_id, dtype=np.int32)),
-            pa.array(txids),
-            pa.array(big_endian(at + _HEADER_AT, 4, ">i4").astype(np.int32)),
-            _data_column(buf, raw, starts, lengths),
-            pa.array(big_endian(at + _CLIENT_ID_AT, 4, ">i4").astype(np.int64)),
-        ],
-        schema=ARROW_SCHEMA,
-    )
+    return _record_batch(partition_id, buf, raw, at, txids, lengths)
 
 
 def _refuse(records: UncheckedRecords, max_data_bytes: int) -> NoReturn:
