@@ -37,7 +37,6 @@ class ServerConnectionClosed(ConnectionError):
 class ServerConnection:
     def __init__(
         self,
-        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         endpoint: str,
         on_message: Callable[[ClientMessage], None] | None,
@@ -89,7 +88,6 @@ class ServerConnection:
                 writer.close()
                 raise
             return cls(
-                reader,
                 writer,
                 endpoint,
                 on_message,

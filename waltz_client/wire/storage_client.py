@@ -80,7 +80,6 @@ class StorageConnectionClosed(ConnectionError):
 class StorageClient:
     def __init__(
         self,
-        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         version: int,
         max_frame_bytes: int,
@@ -136,7 +135,7 @@ class StorageClient:
                     f"storage {host}:{port} chose protocol version "
                     f"{reply.version}, which this client does not speak"
                 )
-            return cls(reader, writer, reply.version, max_frame_bytes, limits)
+            return cls(writer, reply.version, max_frame_bytes, limits)
 
         return await asyncio.wait_for(dial(), timeout)
 
