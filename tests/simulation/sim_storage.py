@@ -2,9 +2,11 @@
 
 Requests are decided by the storage daemon's own ``PartitionService`` (fencing, the
 low-water marks, truncation floors, contiguity, reads); only the files are replaced by
-``MemoryLog`` and ``MemoryControl``. An Append becomes durable, and is answered, a random
-"fsync" delay after it arrives; a crash before that loses it, as a crash loses an
-unsynced tail. Truncations and control-state writes are durable at once, as on disk.
+``MemoryLog`` and ``MemoryControl``. As in the daemon, one worker takes what every
+connection queued as a group (``process_group``); the group becomes durable, and is
+answered, a random "fsync" delay later, while the next gathers. A crash before that
+loses the group, as a crash loses an unsynced tail. Truncations and control-state
+writes are durable at once, as on disk.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from waltz_client.wire.storage_messages import (
 )
 from waltz_storage.control_file import PartitionInfo
 from waltz_storage.errors import NonContiguousAppend, TruncateRefused
+from waltz_storage.group_sync import GroupSync
 from waltz_storage.metrics import StorageMetrics
-from waltz_storage.service import EngineSettings, PartitionService
+from waltz_storage.service import EngineSettings, PartitionService, process_group
 
 
 class MemoryLog:
@@ -74,7 +77,7 @@ class MemoryLog:
             req_id = ReqId(client, generation, partition, seq)
             self.records.append((txid, batch.buf[pos:end], length, req_id))
 
-    def sync(self) -> None:
+    def sync(self, sync_data: object = None) -> None:
         pass  # durability is modelled by when the node applies an append
 
     def truncate(self, txid: int) -> None:
@@ -135,6 +138,9 @@ class SimStorageNode:
         self.services: dict[int, PartitionService] = {}
         self.up = True
         self.incarnation = 0
+        self.group_sync = GroupSync("(memory)", None)  # no syncfs: a commit per partition
+        self._queue: list[tuple[_StorageProtocol, StorageMessage]] = []
+        self._busy = False
         self._open_services()
         net.listen(name, address, lambda: _StorageProtocol(self))
 
@@ -169,6 +175,8 @@ class SimStorageNode:
     def crash(self) -> None:
         self.up = False
         self.incarnation += 1
+        self._queue = []  # requests not yet handled die with the process
+        self._busy = False
         self.net.node_down(self.name)
 
     def restart(self) -> None:
@@ -176,7 +184,8 @@ class SimStorageNode:
         self.up = True
         self.net.node_up(self.name)
 
-    def handle(self, request: StorageMessage) -> StorageMessage:
+    def _answer_at_once(self, request: StorageMessage) -> StorageMessage | None:
+        """The answer to an Open, or to a request for a partition not held; else None."""
         if isinstance(request, OpenRequest):
             if request.cluster_key != self.cluster_key:
                 return FailureResponse(
@@ -187,8 +196,7 @@ class SimStorageNode:
                     "cluster key mismatch",
                 )
             return SuccessResponse(request.session_id, request.seq, request.partition_id)
-        service = self.services.get(request.partition_id)
-        if service is None:
+        if request.partition_id not in self.services:
             return FailureResponse(
                 request.session_id,
                 request.seq,
@@ -196,9 +204,48 @@ class SimStorageNode:
                 StorageError.PARTITION_NOT_FOUND,
                 "not held",
             )
-        (response,) = service.process([request])
-        self.observe(self, request, response)
-        return response
+        return None
+
+    # --- the node's worker: one group at a time, as the daemon's NodeWorker -------------
+
+    def enqueue(self, conn: _StorageProtocol, request: StorageMessage) -> None:
+        """Queue a request; the node works through its queue a drained group at a time."""
+        self._queue.append((conn, request))
+        if not self._busy:
+            self._busy = True
+            asyncio.get_running_loop().call_soon(self._start_group, self.incarnation)
+
+    def _start_group(self, incarnation: int) -> None:
+        if incarnation != self.incarnation or not self._queue:
+            self._busy = False
+            return
+        group, self._queue = self._queue, []
+        rng = self.net.rng
+        appends = any(isinstance(r, AppendRequest) for _, r in group)
+        work = rng.uniform(0.0002, 0.003) if appends else 0.0001
+        asyncio.get_running_loop().call_later(work, self._finish_group, group, incarnation)
+
+    def _finish_group(
+        self, group: list[tuple[_StorageProtocol, StorageMessage]], incarnation: int
+    ) -> None:
+        if not self.up or self.incarnation != incarnation:
+            return  # crashed before the fsync: the group never happened
+        # A request that arrived is handled even if its connection has closed since.
+        responses: list[StorageMessage | None] = [self._answer_at_once(r) for _, r in group]
+        by_partition: dict[int, list[int]] = {}
+        for i, (_, request) in enumerate(group):
+            if responses[i] is None:
+                by_partition.setdefault(request.partition_id, []).append(i)
+        work = [(self.services[p], [group[i][1] for i in at]) for p, at in by_partition.items()]
+        answered = process_group(work, self.group_sync, self.metrics)
+        for at, partition_responses in zip(by_partition.values(), answered, strict=True):
+            for i, response in zip(at, partition_responses, strict=True):
+                responses[i] = response
+        for (conn, request), response in zip(group, responses, strict=True):
+            assert response is not None
+            self.observe(self, request, response)
+            conn.send(response)
+        self._start_group(incarnation)
 
 
 class _StorageProtocol(asyncio.Protocol):
@@ -210,7 +257,6 @@ class _StorageProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._hello = bytearray()
         self._decoder: FrameDecoder | None = None
-        self._ready_at = 0.0  # answers leave in order
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -243,16 +289,8 @@ class _StorageProtocol(asyncio.Protocol):
             self.transport.close()
 
     def _schedule(self, request: StorageMessage) -> None:
-        loop = asyncio.get_running_loop()
-        rng = self.node.net.rng
-        work = rng.uniform(0.0002, 0.003) if isinstance(request, AppendRequest) else 0.0001
-        self._ready_at = max(loop.time(), self._ready_at + 1e-7) + work
-        loop.call_at(self._ready_at, self._answer, request, self.node.incarnation)
+        self.node.enqueue(self, request)
 
-    def _answer(self, request: StorageMessage, incarnation: int) -> None:
-        if not self.node.up or self.node.incarnation != incarnation:
-            return  # crashed before the fsync: the append never happened
-        # A request that arrived is handled even if its connection has closed since.
-        response = self.node.handle(request)
+    def send(self, response: StorageMessage) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(response.encode())

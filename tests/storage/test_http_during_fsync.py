@@ -65,10 +65,10 @@ def test_metrics_and_probes_answer_while_an_fsync_is_blocked(tmp_path: Path, mon
     assert partition_log is not None
     real_sync = partition_log.sync
 
-    def blocked_sync() -> None:
+    def blocked_sync(*args: Any) -> None:
         in_fsync.set()
         release.wait(120)
-        real_sync()
+        real_sync(*args)
 
     monkeypatch.setattr(partition_log, "sync", blocked_sync)
 
@@ -101,13 +101,18 @@ def test_metrics_and_probes_answer_while_an_fsync_is_blocked(tmp_path: Path, mon
             assert (status, json.loads(body)["status"]) == (200, "ok")
             status, body = http_get(http_port, "/readyz", timeout=15)
             assert (status, json.loads(body)["ready"]) == (200, True)
-            # Another partition is served meanwhile.
-            on_loop(append(port, 1, 3))
+            # Another partition's append waits: the partitions share the node's I/O
+            # thread (and its disk), but it is queued, not refused.
+            other = asyncio.run_coroutine_threadsafe(append(port, 1, 3), loop)
+            status, _ = http_get(http_port, "/healthz", timeout=15)
+            assert status == 200
             assert not pending.done()
+            assert not other.done()
             assert not release.is_set()
         finally:
             release.set()
         pending.result(30)
+        other.result(30)
         text = http_get(http_port, "/metrics", timeout=15)[1]
         assert partition_gauge(text, "max_transaction_id", "0") == 4
         assert partition_gauge(text, "max_transaction_id", "1") == 2

@@ -224,7 +224,7 @@ def test_partial_frames_share_a_budget_and_all_of_them_finish(serve):
 
 
 def test_reads_queued_on_all_connections_share_a_node_budget(serve):
-    """A slow disk (an fsync that blocks) holds partition 0's worker while four
+    """A slow disk (an fsync that blocks) holds the node's worker while four
     connections queue reads behind it, each counted as an 8 MiB reply. Each connection
     alone stays within its own limit (64 MiB); together they would queue 320 MiB. The node
     stops reading them at its budget (48 MiB), and answers everything once the disk is
@@ -237,7 +237,7 @@ def test_reads_queued_on_all_connections_share_a_node_budget(serve):
             log_ = node.node.partitions[0].log
             disk_back = threading.Event()
             real_sync = log_.sync
-            log_.sync = lambda: (disk_back.wait(30), real_sync())[1]
+            log_.sync = lambda *a: (disk_back.wait(30), real_sync(*a))[1]
             slow = await node.client()
             stuck = asyncio.ensure_future(slow.append(SESSION, 0, records(4, 1, 1024)))
             conns = []

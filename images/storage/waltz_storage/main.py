@@ -46,6 +46,7 @@ async def serve(config: StorageConfig) -> int:
         # once it reaches write_group_max_bytes, so at most one more frame; records
         # take at most 40/36 of their wire size on disk.
         max_torn_bytes=(config.write_group_max_bytes + config.max_frame_bytes) * 10 // 9 + 1,
+        group_sync=config.group_sync,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -50,12 +50,21 @@ class StorageMetrics:
             registry=r,
         )
         self.fsyncs = Counter(
-            "waltz_storage_fsyncs", "Group-commit fsyncs of segment data", ["partition"], registry=r
+            "waltz_storage_fsyncs",
+            "Group commits of segment data (its own fsync, or a syncfs shared with others)",
+            ["partition"],
+            registry=r,
         )
         self.fsync_seconds = Histogram(
             "waltz_storage_fsync_seconds",
-            "Latency of one group-commit fsync",
+            "Latency of one group commit's own fsync",
             ["partition"],
+            buckets=FSYNC_BUCKETS,
+            registry=r,
+        )
+        self.syncfs_seconds = Histogram(
+            "waltz_storage_syncfs_seconds",
+            "Latency of one syncfs that made several partitions' appends durable at once",
             buckets=FSYNC_BUCKETS,
             registry=r,
         )

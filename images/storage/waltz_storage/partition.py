@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import uuid
+from collections.abc import Callable
 
 from waltz_client.wire.records import RecordBatch, RecordHeader
 
@@ -151,9 +152,10 @@ class PartitionLog:
             active.write(out, sizes)
             start = stop
 
-    def sync(self) -> None:
-        """fsync everything written since the last sync (only the active segment can be dirty)."""
-        self.segments[-1].sync()
+    def sync(self, sync_data: Callable[[int], None] | None = None) -> None:
+        """fsync everything written since the last sync (only the active segment can be
+        dirty); ``sync_data`` makes a data file durable (the node's group sync)."""
+        self.segments[-1].sync(sync_data)
 
     def truncate(self, txid: int) -> None:
         """Drop every transaction after ``txid``, across segments; durable on return."""

@@ -27,6 +27,7 @@ import time
 import uuid
 import zlib
 from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from waltz_client.wire.crc import crc32 as fast_crc32
@@ -348,10 +349,11 @@ class Segment:
         self.size = pos
         self._dirty = True
 
-    def sync(self) -> None:
-        """fsync the data, then write new index entries; fsync the index at each checkpoint."""
+    def sync(self, sync_data: Callable[[int], None] | None = None) -> None:
+        """fsync the data (through ``sync_data``: the node's group sync), then write new
+        index entries; fsync the index at each checkpoint."""
         if self._dirty:
-            os.fsync(self._data_fd)
+            (sync_data or os.fsync)(self._data_fd)
             self._dirty = False
         count = len(self.offsets)
         if count > self._index_written:

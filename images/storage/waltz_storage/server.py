@@ -1,8 +1,8 @@
 """The storage node's asyncio TCP server: connections, per-partition workers, back pressure.
 
-Each connection decodes frames as they arrive and queues each partition
-request on that partition's worker. A worker drains its queue, hands the
-batch to ``PartitionService.process`` on the partition's own I/O thread (file I/O
+Each connection decodes frames as they arrive and queues each partition request
+on the node's worker. The worker drains its queue, hands the group (of any
+partitions) to ``StorageNode.process_group`` on the node's I/O thread (file I/O
 and fsync never block the event loop) and writes the responses back in order. A connection
 stops reading its socket while it has too many requests (or bytes) queued, while its
 unsent responses exceed a limit (a peer that does not read), or while the frames
@@ -79,78 +79,102 @@ class ServerSettings:
     allowed_peers: tuple[str, ...] = ("*",)  # with TLS: certificate identities let in
 
 
-class PartitionWorker:
-    """Runs one partition's requests in arrival order, a drained batch at a time."""
+class NodeWorker:
+    """Runs every partition's requests on the node's one I/O thread, a drained group at a
+    time: each partition's in arrival order, and one sync for all the partitions that
+    appended (``StorageNode.process_group``). While a group is on the thread, the next
+    gathers, so the busier the node, the larger its groups."""
 
-    def __init__(self, service: PartitionService, group_max_bytes: int) -> None:
-        self.service = service
-        self._io = IoThread(f"waltz-storage-io-{service.partition_id}")
+    def __init__(self, node: StorageNode, group_max_bytes: int) -> None:
+        self.node = node
+        self._io = IoThread("waltz-storage-io")
         self._group_max_bytes = group_max_bytes
-        self._queue: collections.deque[tuple[StorageConnection, StorageMessage, int]] = (
-            collections.deque()
-        )
+        self._queue: collections.deque[
+            tuple[StorageConnection, PartitionService, StorageMessage, int]
+        ] = collections.deque()
         self._wakeup = asyncio.Event()
         self._stopping = False
+        self._queued = 0  # requests ever queued
+        self._answered = 0  # requests ever answered
+        self._progress = asyncio.Event()  # set after each group
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def put(self, conn: StorageConnection, request: StorageMessage, size: int) -> None:
-        self._queue.append((conn, request, size))
+    def put(
+        self, conn: StorageConnection, service: PartitionService, request: StorageMessage, size: int
+    ) -> None:
+        self._queue.append((conn, service, request, size))
+        self._queued += 1
         self._wakeup.set()
 
-    async def _run(self) -> None:
+    async def flush(self) -> None:
+        """Until every request queued so far is answered."""
+        target = self._queued
+        while self._answered < target and not self._task.done():
+            self._progress.clear()
+            await self._progress.wait()
+
+    def _take_group(self) -> list[tuple[StorageConnection, PartitionService, StorageMessage, int]]:
         queue = self._queue
+        group = [queue.popleft()]
+        total = group[0][3]
+        while queue and total < self._group_max_bytes:
+            item = queue.popleft()
+            group.append(item)
+            total += item[3]
+        return group
+
+    async def _run(self) -> None:
         while True:
-            if not queue:
+            if not self._queue:
                 if self._stopping:
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            batch = [queue.popleft()]
-            total = batch[0][2]
-            while queue and total < self._group_max_bytes:
-                item = queue.popleft()
-                batch.append(item)
-                total += item[2]
-            requests = [request for _, request, _ in batch]
-            try:
-                responses = await self._io.run(self.service.process, requests)
-            except Exception as e:  # a bug, not an I/O error: answer, log, keep serving
-                log.exception("partition %d: unexpected error", self.service.partition_id)
-                responses = [
-                    FailureResponse(
-                        r.session_id,
-                        r.seq,
-                        r.partition_id,
-                        StorageError.INTERNAL,
-                        f"internal error: {e}",
-                    )
-                    for r in requests
-                ]
-            # One socket write per connection for the whole batch, in request order.
+            group = self._take_group()
+            responses = await self._process(group)
+            # One socket write per connection for the whole group, in request order.
             answers: dict[StorageConnection, list[tuple[StorageMessage, int]]] = {}
-            for (conn, _, size), response in zip(batch, responses, strict=True):
+            for (conn, _, _, size), response in zip(group, responses, strict=True):
                 answers.setdefault(conn, []).append((response, size))
             for conn, items in answers.items():
                 try:
                     conn.respond(items)
-                except Exception:  # one bad response must not stop the partition
-                    log.exception(
-                        "partition %d: cannot send %d response(s) to %s",
-                        self.service.partition_id,
-                        len(items),
-                        conn.peer,
-                    )
+                except Exception:  # one bad response must not stop the node
+                    log.exception("cannot send %d response(s) to %s", len(items), conn.peer)
+            self._answered += len(group)
+            self._progress.set()
 
-    async def drain_and_stop(self) -> None:
-        """Answer what is queued (and the batch on its thread), then stop."""
-        self._stopping = True
-        self._wakeup.set()
-        await self._task
-        await self._io.stop()
+    async def _process(
+        self, group: list[tuple[StorageConnection, PartitionService, StorageMessage, int]]
+    ) -> list[StorageMessage]:
+        """The responses to ``group``, in its order."""
+        by_partition: dict[PartitionService, list[int]] = {}
+        for i, (_, service, _, _) in enumerate(group):
+            by_partition.setdefault(service, []).append(i)
+        work = [(service, [group[i][2] for i in at]) for service, at in by_partition.items()]
+        responses: list[StorageMessage | None] = [None] * len(group)
+        try:
+            answered = await self._io.run(self.node.process_group, work)
+        except Exception as e:  # a bug, not an I/O error: answer, log, keep serving
+            log.exception("unexpected error in a group of %d request(s)", len(group))
+            return [
+                FailureResponse(
+                    r.session_id,
+                    r.seq,
+                    r.partition_id,
+                    StorageError.INTERNAL,
+                    f"internal error: {e}",
+                )
+                for _, _, r, _ in group
+            ]
+        for at, partition_responses in zip(by_partition.values(), answered, strict=True):
+            for i, response in zip(at, partition_responses, strict=True):
+                responses[i] = response
+        return responses  # type: ignore[return-value]
 
     async def close(self) -> None:
-        """Stop at once; a batch already on the I/O thread still finishes there."""
+        """Stop at once; a group already on the I/O thread still finishes there."""
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -368,8 +392,8 @@ class StorageConnection(asyncio.Protocol):
                 "send an Open request (cluster key) before partition requests",
             )
             return
-        worker = self._server.workers.get(request.partition_id)
-        if worker is None:
+        service = self._server.serving.get(request.partition_id)
+        if service is None:
             self._send_failure(
                 request,
                 StorageError.PARTITION_NOT_FOUND,
@@ -393,7 +417,7 @@ class StorageConnection(asyncio.Protocol):
         ):
             self._paused = True
             self._update_reading()
-        worker.put(self, request, size)
+        self._server.worker.put(self, service, request, size)
 
     def respond(self, answers: list[tuple[StorageMessage, int]]) -> None:
         """A worker's answers to some of this connection's queued requests (each with the
@@ -446,7 +470,8 @@ class StorageServer:
     def __init__(self, node: StorageNode, settings: ServerSettings | None = None) -> None:
         self.node = node
         self.settings = settings or ServerSettings()
-        self.workers: dict[int, PartitionWorker] = {}
+        self.serving: dict[int, PartitionService] = {}  # the partitions it takes requests for
+        self._worker: NodeWorker | None = None
         self._request_counters: dict[type, Any] = {}
         self._server: asyncio.Server | None = None
         self.guard = PeerGuard(self.settings.peer, "successful Open")
@@ -483,7 +508,12 @@ class StorageServer:
         counter.inc()
 
     def partition_list(self) -> str:
-        return ",".join(str(p) for p in sorted(self.workers)) or "none"
+        return ",".join(str(p) for p in sorted(self.serving)) or "none"
+
+    @property
+    def worker(self) -> NodeWorker:
+        assert self._worker is not None, "start() first"
+        return self._worker
 
     @property
     def listening(self) -> bool:
@@ -491,8 +521,8 @@ class StorageServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (useful with port 0)."""
-        for p, service in self.node.partitions.items():
-            self.workers[p] = PartitionWorker(service, self.settings.write_group_max_bytes)
+        self._worker = NodeWorker(self.node, self.settings.write_group_max_bytes)
+        self.serving = dict(self.node.partitions)
         tls = self.settings.tls
         self._server = await asyncio.get_running_loop().create_server(
             lambda: StorageConnection(self),
@@ -506,16 +536,12 @@ class StorageServer:
 
     def add_partition(self, partition_id: int) -> None:
         """Serve a partition the node has just opened."""
-        if partition_id not in self.workers:
-            self.workers[partition_id] = PartitionWorker(
-                self.node.partitions[partition_id], self.settings.write_group_max_bytes
-            )
+        self.serving[partition_id] = self.node.partitions[partition_id]
 
     async def remove_partition(self, partition_id: int) -> None:
         """Stop serving a partition: new requests get PARTITION_NOT_FOUND, queued ones finish."""
-        worker = self.workers.pop(partition_id, None)
-        if worker is not None:
-            await worker.drain_and_stop()
+        if self.serving.pop(partition_id, None) is not None and self._worker is not None:
+            await self._worker.flush()
 
     async def close(self) -> None:
         await self.guard.stop()
@@ -524,7 +550,7 @@ class StorageServer:
         for conn in list(self.connections):
             if conn._transport is not None:
                 conn._transport.close()
-        for worker in self.workers.values():
-            await worker.close()
+        if self._worker is not None:
+            await self._worker.close()
         if self._server is not None:
             await self._server.wait_closed()

@@ -9,6 +9,7 @@ Success is produced for an append before that fsync returns.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -62,6 +63,7 @@ from .errors import (
     TransactionNotFound,
     TruncateRefused,
 )
+from .group_sync import GroupSync, already_durable
 from .metrics import PublishingLock, StorageMetrics
 from .partition import DEFAULT_MAX_TORN_BYTES, DEFAULT_SEGMENT_BYTES, PartitionLog
 from .recovery import repair_hint
@@ -84,6 +86,19 @@ class EngineSettings:
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     # Bytes a crash can leave unsynced at the end of a log: one write group.
     max_torn_bytes: int = DEFAULT_MAX_TORN_BYTES
+    # Partitions syncing at once share one syncfs (group_sync.py); off: one fsync each.
+    group_sync: bool = True
+
+
+@dataclass(slots=True)
+class PendingAppends:
+    """What ``PartitionService.write`` did with a list of requests: a response for each,
+    None for the appends written but not yet durable (indexes in ``unsynced``)."""
+
+    service: PartitionService
+    requests: list[StorageMessage]
+    responses: list[StorageMessage | None]
+    unsynced: list[int]
 
 
 class PartitionService:
@@ -156,30 +171,49 @@ class PartitionService:
     def process(self, requests: list[StorageMessage]) -> list[StorageMessage]:
         """Handle ``requests`` in order; return one response per request, in the same order."""
         with self._lock:
-            responses: list[StorageMessage | None] = []
-            unsynced: list[int] = []  # indexes of appends written but not yet fsync'd
-            for request in requests:
-                if unsynced and not isinstance(request, AppendRequest):
-                    self._group_commit(requests, responses, unsynced)
-                response = self._handle(request)
-                if response is None:
-                    unsynced.append(len(responses))
-                responses.append(response)
-            if unsynced:
+            pending = self.write(requests)
+            self.commit(pending)
+            return pending.responses  # type: ignore[return-value]
+
+    def write(self, requests: list[StorageMessage]) -> PendingAppends:
+        """Handle ``requests`` in order, leaving the appends at the end written but not yet
+        durable (``commit`` finishes them). The caller holds ``lock``."""
+        responses: list[StorageMessage | None] = []
+        unsynced: list[int] = []  # indexes of appends written but not yet fsync'd
+        for request in requests:
+            if unsynced and not isinstance(request, AppendRequest):
                 self._group_commit(requests, responses, unsynced)
-            return responses  # type: ignore[return-value]
+            response = self._handle(request)
+            if response is None:
+                unsynced.append(len(responses))
+            responses.append(response)
+        return PendingAppends(self, requests, responses, unsynced)
+
+    def commit(
+        self, pending: PendingAppends, sync_data: Callable[[int], None] | None = None
+    ) -> None:
+        """Make ``pending``'s appends durable (an fsync, or ``sync_data`` when a syncfs
+        covered them) and answer them. The caller holds ``lock``."""
+        if pending.unsynced:
+            self._group_commit(pending.requests, pending.responses, pending.unsynced, sync_data)
+
+    @property
+    def lock(self) -> PublishingLock:
+        """Serialises requests and close(); publishes the state for scrapes on release."""
+        return self._lock
 
     def _group_commit(
         self,
         requests: list[StorageMessage],
         responses: list[StorageMessage | None],
         unsynced: list[int],
+        sync_data: Callable[[int], None] | None = None,
     ) -> None:
         """One fsync for every append written since the last; then they may succeed."""
         assert self.log is not None
         started = time.perf_counter()
         try:
-            self.log.sync()
+            self.log.sync(sync_data)
         except OSError as e:
             # After a failed fsync the page cache cannot be trusted (it may drop the dirty
             # pages and report success next time): stop serving until a restart recovers.
@@ -189,7 +223,8 @@ class PartitionService:
             unsynced.clear()
             return
         self._fsyncs.inc()
-        self._fsync_seconds.observe(time.perf_counter() - started)
+        if sync_data is None:  # its own fsync (a shared syncfs is timed by the node)
+            self._fsync_seconds.observe(time.perf_counter() - started)
         records = data_bytes = 0
         for i in unsynced:
             request = requests[i]
@@ -438,6 +473,45 @@ class PartitionService:
                 self.log = None
 
 
+def process_group(
+    group: list[tuple[PartitionService, list[StorageMessage]]],
+    group_sync: GroupSync,
+    metrics: StorageMetrics,
+) -> list[list[StorageMessage]]:
+    """Each partition's requests in order; the responses of each. The appends become
+    durable before any is answered: with one syncfs when several partitions appended."""
+    with contextlib.ExitStack() as held:
+        pending = []
+        for service, requests in group:
+            held.enter_context(service.lock)
+            pending.append(service.write(requests))
+        appending = [p for p in pending if p.unsynced]
+        if len(appending) > 1 and group_sync.available:
+            sync_data: Callable[[int], None] = already_durable
+            started = time.perf_counter()
+            try:
+                group_sync.sync_filesystem()
+            except OSError as e:
+                sync_data = _failing(e)
+            else:
+                metrics.syncfs_seconds.observe(time.perf_counter() - started)
+            for p in appending:
+                p.service.commit(p, sync_data)
+        else:
+            for p in appending:
+                p.service.commit(p)
+        return [p.responses for p in pending]  # type: ignore[misc]
+
+
+def _failing(error: OSError) -> Callable[[int], None]:
+    """A segment's ``sync_data`` after a syncfs that failed: its appends fail too."""
+
+    def sync_data(fd: int) -> None:
+        raise error
+
+    return sync_data
+
+
 def holds_state(info: PartitionInfo) -> bool:
     """Did a store session set this partition's low-water marks on this node?"""
     return (info.session_id, info.low_water_mark, info.local_low_water_mark) != (
@@ -492,6 +566,13 @@ class StorageNode:
         self.metrics = metrics
         self.session_authority: SessionAuthority | None = None
         self.log_start_authority: SessionAuthority | None = None
+        self.group_sync = GroupSync.for_directory(directory, self.settings.group_sync)
+
+    def process_group(
+        self, group: list[tuple[PartitionService, list[StorageMessage]]]
+    ) -> list[list[StorageMessage]]:
+        """See ``process_group``: run on the node's I/O thread."""
+        return process_group(group, self.group_sync, self.metrics)
 
     def verify_sessions_with(
         self, authority: SessionAuthority, log_starts: SessionAuthority | None = None
@@ -688,4 +769,5 @@ class StorageNode:
     def close(self) -> None:
         for svc in self.partitions.values():
             svc.close()
+        self.group_sync.close()
         self.control.close()
