@@ -43,6 +43,7 @@ from waltz_client.wire.client_messages import (
     TransactionDataResponse,
     decode_client_request,
 )
+from waltz_client.wire.corked import CorkedWriter
 from waltz_client.wire.errors import ProtocolError, describe
 from waltz_client.wire.framing import (
     HANDSHAKE_BYTES,
@@ -115,6 +116,7 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._on_close = on_close
         self._on_error = on_error
         self._transport: asyncio.Transport | None = None
+        self._out: CorkedWriter | None = None  # the transport, written once a loop turn
         self._hello = bytearray()
         self._decoder: FrameDecoder | None = None
         self._mounted: dict[tuple[int, int], int] = {}  # (client, partition) -> connection seq
@@ -134,13 +136,14 @@ class ClientConnectionHandler(asyncio.Protocol):
     # --- what a partition needs --------------------------------------------------------
 
     def send(self, frame: bytes) -> None:
-        if self._transport is not None and not self.closed:
-            self._transport.write(frame)
+        """Sent with the other frames of this loop turn, in one system call."""
+        if self._out is not None and not self.closed:
+            self._out.write(frame)
 
     def send_parts(self, parts: list) -> None:
         """A frame as buffers written in turn: a range read's records are not copied."""
-        if self._transport is not None and not self.closed:
-            self._transport.writelines(parts)
+        if self._out is not None and not self.closed:
+            self._out.writelines(parts)
 
     def pause_reading(self) -> None:
         self._pauses += 1
@@ -232,6 +235,7 @@ class ClientConnectionHandler(asyncio.Protocol):
             return
         self._admitted = True
         self._transport = transport  # type: ignore[assignment]
+        self._out = CorkedWriter(transport)  # type: ignore[arg-type]
         self.identity = peer_identity(transport)
         transport.set_write_buffer_limits(high=self._write_buffer_bytes)  # type: ignore[attr-defined]
 
@@ -241,6 +245,7 @@ class ClientConnectionHandler(asyncio.Protocol):
         if self._backlog_drain is not None:
             self._backlog_drain.cancel()
         self._transport = None
+        self._out = None
         self._writable.set()
         for task in self._tasks:
             task.cancel()
@@ -295,6 +300,8 @@ class ClientConnectionHandler(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
+        if self._out is not None:
+            self._out.flush()  # what was sent goes before the close
         if self._transport is not None:
             self._transport.close()
         self.closed = True
