@@ -283,3 +283,39 @@ def test_bench_runs_and_reports_positive_rates(tmp_path, waltz):
         assert r["ratio"] == pytest.approx(r["records_per_s"] / r["raw_records_per_s"])
     # The bench cleans up its node's data; no process is left (it waits for it).
     assert not list((tmp_path / "bench").glob("run-*"))
+
+
+@pytest.mark.parametrize("group_sync", [True, False])
+def test_bench_appends_to_several_partitions_at_once(tmp_path, waltz, group_sync):
+    """--partitions N: N appenders at once, a partition each, on one node (the node is
+    started with N partitions; an append to a partition it lacks would fail the run)."""
+    result = waltz(
+        "storage",
+        "bench",
+        "--dir",
+        str(tmp_path / "bench"),
+        "--duration",
+        "0.3",
+        "--batch-sizes",
+        "5",
+        "--in-flight",
+        "2",
+        "--partitions",
+        "3",
+        *([] if group_sync else ["--no-group-sync"]),
+        "--json",
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 partitions at once" in result.stdout
+    assert ("group_sync off" in result.stdout) is not group_sync
+    (row,) = json.loads(result.stdout[result.stdout.index("\n[") + 1 :])
+    assert (row["batch"], row["inflight"]) == (5, 2)
+    assert row["records_per_s"] > 0
+
+
+def test_bench_refuses_no_partitions(tmp_path, waltz):
+    result = waltz("storage", "bench", "--partitions", "0", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert "--partitions must be >= 1" in result.stderr

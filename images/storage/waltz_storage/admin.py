@@ -63,6 +63,18 @@ def register(groups: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--record-bytes", type=int, default=1024, help="data bytes per record")
     p.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="append to this many partitions at once, each on its own connection with "
+        "its own in-flight window, as a server's partitions do (default 1)",
+    )
+    p.add_argument(
+        "--no-group-sync",
+        action="store_true",
+        help="run the node with group_sync off: an fsync for each partition, no syncfs",
+    )
     p.add_argument("--json", action="store_true", help="print results as JSON at the end")
     p.set_defaults(func=cmd_bench)
 
@@ -202,12 +214,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _fail("--batch-sizes and --in-flight take comma-separated integers")
     if any(b < 1 for b in batches + inflights) or args.record_bytes < 0 or args.duration <= 0:
         return _fail("batch sizes and in-flight counts must be >= 1, duration > 0")
+    if args.partitions < 1:
+        return _fail("--partitions must be >= 1")
+    spread = (
+        f", {args.partitions} partitions at once (in flight: each)" if args.partitions > 1 else ""
+    )
+    sync = ", group_sync off" if args.no_group_sync else ""
     print(
         f"storage bench on {machine_summary()}: {args.record_bytes}-byte records, fsync on, "
-        f"{args.duration:g} s per row"
+        f"{args.duration:g} s per row{spread}{sync}"
     )
     print(HEADER)
-    results = run_bench(args.dir, batches, args.record_bytes, args.duration, inflights)
+    results = run_bench(
+        args.dir,
+        batches,
+        args.record_bytes,
+        args.duration,
+        inflights,
+        partitions=args.partitions,
+        group_sync=not args.no_group_sync,
+    )
     if args.json:
         print(results_json(results))
     return 0

@@ -4,7 +4,9 @@ Starts a real ``waltz-storage`` process on a fresh directory, then for each
 batch size appends 1 KiB records for a fixed time, first with one Append
 in flight (closed loop), then with several pipelined (as a server does), and
 measures the raw rate of the same disk: the same bytes per write, each write
-fsync'd, from this process.
+fsync'd, from this process. With ``partitions`` > 1, as many appenders run at once,
+one a partition, as a server's partitions do: the node's group commit across
+partitions (one syncfs) is what that measures.
 """
 
 from __future__ import annotations
@@ -116,6 +118,34 @@ class AppendFrames:
         return bytes(self._head) + bytes(records)
 
 
+async def _append_runs(
+    host: str,
+    port: int,
+    key: uuid.UUID,
+    batch: int,
+    record_bytes: int,
+    inflight: int,
+    duration: float,
+    session: int,
+    partitions: int,
+) -> tuple[int, list[float], float]:
+    """``_append_run`` on each of ``partitions`` partitions at once; the records of all,
+    every latency, and the longest run's seconds."""
+    runs = await asyncio.gather(
+        *(
+            _append_run(
+                host, port, key, batch, record_bytes, inflight, duration, session, p, partitions
+            )
+            for p in range(partitions)
+        )
+    )
+    return (
+        sum(records for records, _, _ in runs),
+        [x for _, latencies, _ in runs for x in latencies],
+        max(elapsed for _, _, elapsed in runs),
+    )
+
+
 async def _append_run(
     host: str,
     port: int,
@@ -125,12 +155,14 @@ async def _append_run(
     inflight: int,
     duration: float,
     session: int,
+    partition: int = 0,
+    num_partitions: int = 1,
 ) -> tuple[int, list[float], float]:
     client = await StorageClient.connect(host, port)
     try:
-        await client.open(key, 1)
-        next_txid = await client.max_transaction_id(session, 0) + 1
-        frames = AppendFrames(batch, record_bytes, 0, session)
+        await client.open(key, num_partitions)
+        next_txid = await client.max_transaction_id(session, partition) + 1
+        frames = AppendFrames(batch, record_bytes, partition, session)
         latencies: list[float] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + duration
@@ -189,20 +221,32 @@ def run_bench(
     duration: float,
     inflights: list[int],
     progress=print,
+    *,
+    partitions: int = 1,
+    group_sync: bool = True,
 ) -> list[Result]:
     base = directory or tempfile.mkdtemp(prefix="waltz-bench-", dir=".")
     os.makedirs(base, exist_ok=True)
     work = tempfile.mkdtemp(prefix="run-", dir=base)
     key = uuid.uuid4()
-    proc, ready = start_storage_process(work, key)
+    extra = [] if group_sync else ["--group-sync", "false"]
+    proc, ready = start_storage_process(work, key, partitions, extra)
     results = []
     try:
         for batch in batches:
             raw = raw_disk_rate(work, batch, record_bytes, duration)
             for inflight in inflights:
                 records, latencies, elapsed = asyncio.run(
-                    _append_run(
-                        "127.0.0.1", ready["port"], key, batch, record_bytes, inflight, duration, 1
+                    _append_runs(
+                        "127.0.0.1",
+                        ready["port"],
+                        key,
+                        batch,
+                        record_bytes,
+                        inflight,
+                        duration,
+                        1,
+                        partitions,
                     )
                 )
                 rate = records / elapsed
