@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import uuid
 from dataclasses import dataclass, field, replace
@@ -185,9 +186,9 @@ class SimServer:
         partition.start()
         world.trace(f"server {self.name} serves the partition with generation {generation}")
 
-    def _superseded(self, partition_id: int, reason: str) -> None:
-        partition = self.partitions.pop(partition_id, None)
-        if partition is not None:
+    def _superseded(self, partition: Partition, reason: str) -> None:
+        if self.partitions.get(partition.partition_id) is partition:
+            del self.partitions[partition.partition_id]
             self.world.spawn(partition.stop(reason))
 
     async def stop_partitions(self, reason: str) -> None:
@@ -637,7 +638,8 @@ class World:
             if partition is not None and partition.healthy:
                 break
             if loop.time() > deadline:
-                self.fail("the partition did not become active after every fault healed")
+                state = "no partition object" if partition is None else partition.status
+                self.fail(f"the partition did not become active after every fault healed: {state}")
             await asyncio.sleep(0.1)
         await asyncio.sleep(5.0)  # acknowledgements still in flight reach every member
         if not partition.healthy:
@@ -662,7 +664,7 @@ class World:
     def run(self) -> None:
         loop = VirtualTimeLoop()
         asyncio.set_event_loop(loop)
-        logging.disable(logging.CRITICAL)
+        logging.disable(logging.CRITICAL if not os.environ.get("WALTZ_SIM_LOG") else logging.NOTSET)
         try:
             main = loop.create_task(self.main())
             loop.run_until_complete(asyncio.wait({main}, timeout=self.duration + 300))

@@ -88,7 +88,7 @@ class Partition:
         self,
         context: RecoveryContext,
         settings: PartitionSettings,
-        on_superseded: Callable[[int, str], None] = lambda p, why: None,
+        on_superseded: Callable[[Partition, str], None] = lambda p, why: None,
         observe_commit: Callable[[float], None] = lambda seconds: None,
         retention_policy: Callable[[], RetentionPolicy] = RetentionPolicy,
     ) -> None:
@@ -141,8 +141,13 @@ class Partition:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
+            # Python 3.11's wait_for can swallow a cancellation that meets its inner
+            # call's result (recovery's storage calls use it): cancel until it ends.
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.1)
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                task.result()
         self._stop_catch_ups()
         if self.session is not None:
             await self.session.close(reason)
@@ -204,7 +209,7 @@ class Partition:
 
     async def _session_loop(self) -> None:
         try:
-            while True:
+            while self.state != State.STOPPED:
                 self.state = State.RECOVERING
                 self._active.clear()
                 context = self.context
@@ -217,6 +222,9 @@ class Partition:
                     self.status = f"recovery failed: {e}"
                     await asyncio.sleep(self.context.retry_delay)
                     continue
+                if self.state == State.STOPPED:  # stopped meanwhile (a swallowed cancel)
+                    await session.close("partition stopped")
+                    return
                 self._open(session)
                 reason = await self._watch(session, context)
                 self._stop_catch_ups()
@@ -226,9 +234,11 @@ class Partition:
                 await session.close(reason)
                 self.session = None
         except Superseded as e:
+            if self.state == State.STOPPED:
+                return  # already replaced: the server's current partition is not ours
             log.warning("partition %d: %s", self.partition_id, e)
             self.status = f"superseded: {e}"
-            self._on_superseded(self.partition_id, str(e))
+            self._on_superseded(self, str(e))
 
     def _report(self, status: str) -> None:
         self.status = status

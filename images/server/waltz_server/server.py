@@ -146,9 +146,11 @@ class WaltzServer:
             )
         self.partitions.clear()
 
-    def superseded(self, partition_id: int, reason: str) -> None:
-        partition = self.partitions.get(partition_id)
-        if partition is not None:
+    def superseded(self, partition: Partition, reason: str) -> None:
+        """``partition`` found a newer generation: stop it, unless it was replaced already
+        (a newer object for the same partition is not the one superseded)."""
+        partition_id = partition.partition_id
+        if self.partitions.get(partition_id) is partition:
             self.partitions.pop(partition_id, None)
             self._apply_memory_budget()
             spawn(
