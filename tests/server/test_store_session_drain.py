@@ -25,7 +25,7 @@ class FakeClient:
         self._seq += 1
         return self._seq
 
-    def submit_frame(self, seq: int, frame: bytes) -> asyncio.Future:
+    def submit_parts(self, seq: int, parts: list) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         self.pending.append((seq, future))
         return future

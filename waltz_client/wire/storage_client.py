@@ -182,10 +182,15 @@ class StorageClient:
     def submit_frame(self, seq: int, frame: bytes) -> asyncio.Future[StorageMessage]:
         """Send a frame encoded by the caller (benchmarks reuse buffers); ``seq`` must be in it.
         Raises StorageConnectionClosed (a ConnectionError) if the connection is gone."""
+        return self.submit_parts(seq, [frame])
+
+    def submit_parts(self, seq: int, parts: list) -> asyncio.Future[StorageMessage]:
+        """``submit_frame`` for a frame given as buffers written in turn (``frame_parts``):
+        a store session sends one batch to every member without copying it for each."""
         if self._closed is not None or self._writer.is_closing():
             raise StorageConnectionClosed(f"storage connection is closed: {self._closed}")
         try:
-            self._writer.write(frame)
+            self._writer.writelines(parts)
         except RuntimeError as e:  # uvloop: "unable to perform operation on <... closed=True>"
             raise StorageConnectionClosed(f"storage connection is closed: {e}") from e
         future = asyncio.get_running_loop().create_future()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from waltz_client.wire.errors import describe
-from waltz_client.wire.framing import encode_frame
+from waltz_client.wire.framing import frame_parts
 from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import (
@@ -173,15 +173,17 @@ class StoreSession:
             self.end(f"writer failed: {describe(e)}")
 
     def _send(self, batch: Batch) -> None:
-        body = len(batch.spans).to_bytes(4, "big") + batch.buf
+        count = len(batch.spans).to_bytes(4, "big")
         for member in self.members.values():
             seq = member.client.next_seq()
-            frame = encode_frame(
+            # The records go to every member as they are: one buffer, not a copy each.
+            parts = frame_parts(
                 StorageMessageType.APPEND_REQUEST,
-                MESSAGE_HEADER.pack(self.session_id, seq, self.partition_id) + body,
+                MESSAGE_HEADER.pack(self.session_id, seq, self.partition_id) + count,
+                batch.buf,
             )
             try:
-                future = member.client.submit_frame(seq, frame)
+                future = member.client.submit_parts(seq, parts)
             except ConnectionError as e:
                 self._failed(member, describe(e))
                 return

@@ -1,10 +1,10 @@
-"""A partition's own I/O thread: it runs the partition's batches (writes and fsyncs) one
-after another, off the event loop.
+"""The storage node's I/O thread: it runs the node's request groups (writes and syncs)
+one after another, off the event loop.
 
-Cheaper than a ThreadPoolExecutor for this: handing a batch over is a put on a
+Cheaper than a ThreadPoolExecutor for this: handing a group over is a put on a
 SimpleQueue and the answer one ``call_soon_threadsafe``, with no concurrent Future chained
 to an asyncio one. Measured here, a round trip costs about 60 us of CPU against 95 us,
-and a storage node makes one per batch of each partition (docs/benchmarks.md).
+and a storage node makes one per group (docs/benchmarks.md).
 """
 
 from __future__ import annotations
