@@ -1,4 +1,4 @@
-"""The storage node's asyncio TCP server: connections, per-partition workers, back pressure.
+"""The storage node's asyncio TCP server: connections, the node's worker, back pressure.
 
 Each connection decodes frames as they arrive and queues each partition request
 on the node's worker. The worker drains its queue, hands the group (of any
