@@ -79,20 +79,22 @@ class CountingSyncFs:
         return self.real(fd)
 
 
-def with_syncfs(node: StorageNode, syncfs: CountingSyncFs) -> None:
+def counted_node(tmp_path: Path, partitions: list[int]) -> tuple[StorageNode, CountingSyncFs]:
+    """A node whose syncfs calls are counted, each partition in session SESSION."""
+    node = open_node(tmp_path, set(partitions), num=len(partitions), segment_bytes=1 << 20)
+    syncfs = CountingSyncFs()
     node.group_sync.close()
     node.group_sync = GroupSync(node.directory, syncfs)
+    adopt(node, partitions)
+    return node, syncfs
 
 
 @needs_syncfs
 def test_appends_of_several_partitions_share_one_syncfs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    node = open_node(tmp_path, {0, 1, 2}, num=3, segment_bytes=1 << 20)
+    node, syncfs = counted_node(tmp_path, [0, 1, 2])
     try:
-        syncfs = CountingSyncFs()
-        with_syncfs(node, syncfs)
-        adopt(node, [0, 1, 2])
         fsyncs = count_fsyncs(monkeypatch)
         services = node.partitions
         answered = node.process_group(
@@ -126,11 +128,8 @@ def test_appends_of_several_partitions_share_one_syncfs(
 def test_one_partition_appending_keeps_its_own_fsync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    node = open_node(tmp_path, {0, 1}, segment_bytes=1 << 20)
+    node, syncfs = counted_node(tmp_path, [0, 1])
     try:
-        syncfs = CountingSyncFs()
-        with_syncfs(node, syncfs)
-        adopt(node, [0, 1])
         fsyncs = count_fsyncs(monkeypatch)
         services = node.partitions
         answered = node.process_group(
@@ -172,11 +171,8 @@ def test_without_syncfs_each_partition_fsyncs_its_own_file(
 def test_a_failed_syncfs_fails_every_append_it_covered_and_every_later_one(
     tmp_path: Path,
 ) -> None:
-    node = open_node(tmp_path, {0, 1, 2}, num=3, segment_bytes=1 << 20)
+    node, syncfs = counted_node(tmp_path, [0, 1, 2])
     try:
-        syncfs = CountingSyncFs()
-        with_syncfs(node, syncfs)
-        adopt(node, [0, 1, 2])
         services = node.partitions
         syncfs.fail = True
         answered = node.process_group(

@@ -118,27 +118,26 @@ class AppendFrames:
         return bytes(self._head) + bytes(records)
 
 
-async def _append_runs(
-    host: str,
-    port: int,
-    key: uuid.UUID,
-    batch: int,
-    record_bytes: int,
-    inflight: int,
-    duration: float,
-    session: int,
-    partitions: int,
-) -> tuple[int, list[float], float]:
+@dataclass(frozen=True)
+class AppendLoad:
+    """What each appender sends: ``batch`` records of ``record_bytes`` an Append,
+    ``inflight`` Appends outstanding, for ``duration`` seconds, in store session
+    ``session``, to the node at ``host:port`` of the cluster ``key``."""
+
+    host: str
+    port: int
+    key: uuid.UUID
+    batch: int
+    record_bytes: int
+    inflight: int
+    duration: float
+    session: int = 1
+
+
+async def _append_runs(load: AppendLoad, partitions: int) -> tuple[int, list[float], float]:
     """``_append_run`` on each of ``partitions`` partitions at once; the records of all,
     every latency, and the longest run's seconds."""
-    runs = await asyncio.gather(
-        *(
-            _append_run(
-                host, port, key, batch, record_bytes, inflight, duration, session, p, partitions
-            )
-            for p in range(partitions)
-        )
-    )
+    runs = await asyncio.gather(*(_append_run(load, p, partitions) for p in range(partitions)))
     return (
         sum(records for records, _, _ in runs),
         [x for _, latencies, _ in runs for x in latencies],
@@ -147,25 +146,17 @@ async def _append_runs(
 
 
 async def _append_run(
-    host: str,
-    port: int,
-    key: uuid.UUID,
-    batch: int,
-    record_bytes: int,
-    inflight: int,
-    duration: float,
-    session: int,
-    partition: int = 0,
-    num_partitions: int = 1,
+    load: AppendLoad, partition: int = 0, num_partitions: int = 1
 ) -> tuple[int, list[float], float]:
-    client = await StorageClient.connect(host, port)
+    batch = load.batch
+    client = await StorageClient.connect(load.host, load.port)
     try:
-        await client.open(key, num_partitions)
-        next_txid = await client.max_transaction_id(session, partition) + 1
-        frames = AppendFrames(batch, record_bytes, partition, session)
+        await client.open(load.key, num_partitions)
+        next_txid = await client.max_transaction_id(load.session, partition) + 1
+        frames = AppendFrames(batch, load.record_bytes, partition, load.session)
         latencies: list[float] = []
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + duration
+        deadline = loop.time() + load.duration
         window: asyncio.Queue = asyncio.Queue()
         sent = 0
 
@@ -178,7 +169,7 @@ async def _append_run(
             sent += 1
 
         started_at = time.perf_counter()
-        for _ in range(inflight):
+        for _ in range(load.inflight):
             send()
         acked = 0
         while acked < sent:
@@ -236,19 +227,10 @@ def run_bench(
         for batch in batches:
             raw = raw_disk_rate(work, batch, record_bytes, duration)
             for inflight in inflights:
-                records, latencies, elapsed = asyncio.run(
-                    _append_runs(
-                        "127.0.0.1",
-                        ready["port"],
-                        key,
-                        batch,
-                        record_bytes,
-                        inflight,
-                        duration,
-                        1,
-                        partitions,
-                    )
+                load = AppendLoad(
+                    "127.0.0.1", ready["port"], key, batch, record_bytes, inflight, duration
                 )
+                records, latencies, elapsed = asyncio.run(_append_runs(load, partitions))
                 rate = records / elapsed
                 lat_ms = sorted(x * 1000 for x in latencies)
                 result = Result(
