@@ -306,6 +306,10 @@ class SimClient:
         world = self.world
         self.mounted = False
         self.remount = False
+        # A late answer to the old mount (it may arrive while the old connection closes)
+        # must not count as this one's: it would settle appends sent before the new
+        # mount answered (which the new mount's answer settles) as mounted already.
+        self.mount_req = None
         if self.conn is not None:
             await self.conn.close()
             self.conn = None
