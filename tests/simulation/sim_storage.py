@@ -42,7 +42,7 @@ from waltz_storage.control_file import PartitionInfo
 from waltz_storage.errors import NonContiguousAppend, TruncateRefused
 from waltz_storage.group_sync import GroupSync
 from waltz_storage.metrics import StorageMetrics
-from waltz_storage.service import EngineSettings, PartitionService, process_group
+from waltz_storage.service import EngineSettings, PartitionService, process_in_order
 
 
 class MemoryLog:
@@ -232,15 +232,14 @@ class SimStorageNode:
             return  # crashed before the fsync: the group never happened
         # A request that arrived is handled even if its connection has closed since.
         responses: list[StorageMessage | None] = [self._answer_at_once(r) for _, r in group]
-        by_partition: dict[int, list[int]] = {}
-        for i, (_, request) in enumerate(group):
-            if responses[i] is None:
-                by_partition.setdefault(request.partition_id, []).append(i)
-        work = [(self.services[p], [group[i][1] for i in at]) for p, at in by_partition.items()]
-        answered = process_group(work, self.group_sync, self.metrics)
-        for at, partition_responses in zip(by_partition.values(), answered, strict=True):
-            for i, response in zip(at, partition_responses, strict=True):
-                responses[i] = response
+        queued = [i for i, response in enumerate(responses) if response is None]
+        answered = process_in_order(
+            [(self.services[group[i][1].partition_id], group[i][1]) for i in queued],
+            self.group_sync,
+            self.metrics,
+        )
+        for i, response in zip(queued, answered, strict=True):
+            responses[i] = response
         for (conn, request), response in zip(group, responses, strict=True):
             assert response is not None
             self.observe(self, request, response)

@@ -149,13 +149,9 @@ class NodeWorker:
         self, group: list[tuple[StorageConnection, PartitionService, StorageMessage, int]]
     ) -> list[StorageMessage]:
         """The responses to ``group``, in its order."""
-        by_partition: dict[PartitionService, list[int]] = {}
-        for i, (_, service, _, _) in enumerate(group):
-            by_partition.setdefault(service, []).append(i)
-        work = [(service, [group[i][2] for i in at]) for service, at in by_partition.items()]
-        responses: list[StorageMessage | None] = [None] * len(group)
+        requests = [(service, request) for _, service, request, _ in group]
         try:
-            answered = await self._io.run(self.node.process_group, work)
+            return await self._io.run(self.node.process_in_order, requests)
         except Exception as e:  # a bug, not an I/O error: answer, log, keep serving
             log.exception("unexpected error in a group of %d request(s)", len(group))
             return [
@@ -166,12 +162,8 @@ class NodeWorker:
                     StorageError.INTERNAL,
                     f"internal error: {e}",
                 )
-                for _, _, r, _ in group
+                for _, r in requests
             ]
-        for at, partition_responses in zip(by_partition.values(), answered, strict=True):
-            for i, response in zip(at, partition_responses, strict=True):
-                responses[i] = response
-        return responses  # type: ignore[return-value]
 
     async def close(self) -> None:
         """Stop at once; a group already on the I/O thread still finishes there."""

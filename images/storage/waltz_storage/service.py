@@ -503,6 +503,28 @@ def process_group(
         return [p.responses for p in pending]  # type: ignore[misc]
 
 
+def process_in_order(
+    requests: list[tuple[PartitionService, StorageMessage]],
+    group_sync: GroupSync,
+    metrics: StorageMetrics,
+) -> list[StorageMessage]:
+    """``process_group`` for requests of any partitions as they arrived: the responses in
+    the same order."""
+    by_partition: dict[PartitionService, list[int]] = {}
+    for i, (service, _) in enumerate(requests):
+        by_partition.setdefault(service, []).append(i)
+    answered = process_group(
+        [(service, [requests[i][1] for i in at]) for service, at in by_partition.items()],
+        group_sync,
+        metrics,
+    )
+    responses: list[StorageMessage | None] = [None] * len(requests)
+    for at, partition_responses in zip(by_partition.values(), answered, strict=True):
+        for i, response in zip(at, partition_responses, strict=True):
+            responses[i] = response
+    return responses  # type: ignore[return-value]
+
+
 def _failing(error: OSError) -> Callable[[int], None]:
     """A segment's ``sync_data`` after a syncfs that failed: its appends fail too."""
 
@@ -573,6 +595,12 @@ class StorageNode:
     ) -> list[list[StorageMessage]]:
         """See ``process_group``: run on the node's I/O thread."""
         return process_group(group, self.group_sync, self.metrics)
+
+    def process_in_order(
+        self, requests: list[tuple[PartitionService, StorageMessage]]
+    ) -> list[StorageMessage]:
+        """See ``process_in_order``: run on the node's I/O thread."""
+        return process_in_order(requests, self.group_sync, self.metrics)
 
     def verify_sessions_with(
         self, authority: SessionAuthority, log_starts: SessionAuthority | None = None
