@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -57,6 +58,39 @@ async def start_http(
         context = TlsContexts(files, listening=True).listening_context()
     site = await start_guarded_http(app, host, port, ssl_context=context)
     return site, site.port
+
+
+class HttpThread:
+    """``start_http`` on a thread and event loop of its own, so that probes and scrapes
+    never wait for the daemon's main loop (a storage node runs small write groups on its
+    loop's thread, fsync included). The app's handlers must only read state that is safe
+    to read from another thread."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="waltz-http", daemon=True
+        )
+        self._site: GuardedSite | None = None
+
+    async def start(
+        self, app: web.Application, host: str, port: int, tls: TlsFiles | None = None
+    ) -> int:
+        """Serve ``app``; the bound port. Raises what ``start_http`` raises (OSError)."""
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(start_http(app, host, port, tls), self._loop)
+        self._site, bound = await asyncio.wrap_future(started)
+        return bound
+
+    async def stop(self) -> None:
+        if self._site is not None:
+            cleanup = asyncio.run_coroutine_threadsafe(self._site.cleanup(), self._loop)
+            await asyncio.wrap_future(cleanup)
+            self._site = None
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join)
+        self._loop.close()
 
 
 def run_daemon(

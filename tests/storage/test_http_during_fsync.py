@@ -1,10 +1,12 @@
 """A metrics scrape or a probe never waits for a partition's fsync.
 
 A partition's lock is held across its group-commit fsync, which can take seconds on a
-slow disk. The HTTP handlers run on the node's event loop: had ``/metrics`` waited for
-that lock, it would have stalled the loop, and with it every partition and the probes.
-Here a node runs in this process on a loop of its own thread, partition 0's fsync is
-held on an Event, and the HTTP endpoints must answer meanwhile.
+slow disk. Had ``/metrics`` waited for that lock, it would have stalled every partition
+and the probes. And a small write group runs on the node's event loop's own thread,
+fsync included, so the HTTP endpoints run on a thread of their own (``HttpThread``), as
+in the daemon. Here a node runs in this process on a loop of its own thread, partition
+0's fsync is held on an Event, and the HTTP endpoints must answer meanwhile, whether the
+group is on the I/O thread or on the loop's.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from waltz_client.daemon import start_http
+from waltz_client.daemon import HttpThread
 from waltz_client.wire.records import Record, ReqId
 from waltz_client.wire.storage_client import StorageClient
 from waltz_storage.http import build_app
-from waltz_storage.server import StorageServer
+from waltz_storage.server import ServerSettings, StorageServer
 from waltz_storage.service import StorageNode
 
 HOST = "127.0.0.1"
@@ -49,10 +52,14 @@ def partition_gauge(text: str, name: str, partition: str) -> float:
     raise AssertionError(f"no {name} for partition {partition}")
 
 
-def test_metrics_and_probes_answer_while_an_fsync_is_blocked(tmp_path: Path, monkeypatch):
+@pytest.mark.parametrize("inline", [True, False], ids=["on-the-loop", "on-the-io-thread"])
+def test_metrics_and_probes_answer_while_an_fsync_is_blocked(
+    tmp_path: Path, monkeypatch, inline: bool
+):
     key = uuid.uuid4()
     node = StorageNode.open(str(tmp_path / "data"), key, 2, {0, 1})
-    server = StorageServer(node)
+    server = StorageServer(node, ServerSettings(inline_group_max_seconds=60.0 if inline else 0))
+    http = HttpThread()
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="storage-loop", daemon=True)
     thread.start()
@@ -72,10 +79,9 @@ def test_metrics_and_probes_answer_while_an_fsync_is_blocked(tmp_path: Path, mon
 
     monkeypatch.setattr(partition_log, "sync", blocked_sync)
 
-    async def start() -> tuple[Any, int, int]:
+    async def start() -> tuple[int, int]:
         port = await server.start(HOST, 0)
-        site, http_port = await start_http(build_app(server), HOST, 0)
-        return site, port, http_port
+        return port, await http.start(build_app(server), HOST, 0)
 
     async def append(port: int, partition: int, n: int) -> None:
         async with await StorageClient.connect(HOST, port) as client:
@@ -86,7 +92,7 @@ def test_metrics_and_probes_answer_while_an_fsync_is_blocked(tmp_path: Path, mon
                 [Record(t, ReqId(1, 1, partition, t), 0, b"x" * 100) for t in range(n)],
             )
 
-    site, port, http_port = on_loop(start())
+    port, http_port = on_loop(start())
     try:
         pending = asyncio.run_coroutine_threadsafe(append(port, 0, 5), loop)
         assert in_fsync.wait(30), "the append never reached its fsync"
@@ -113,13 +119,14 @@ def test_metrics_and_probes_answer_while_an_fsync_is_blocked(tmp_path: Path, mon
             release.set()
         pending.result(30)
         other.result(30)
+        assert (server.worker.inline_groups > 0) == inline
         text = http_get(http_port, "/metrics", timeout=15)[1]
         assert partition_gauge(text, "max_transaction_id", "0") == 4
         assert partition_gauge(text, "max_transaction_id", "1") == 2
     finally:
         release.set()
         on_loop(server.close())
-        on_loop(site.cleanup())
+        on_loop(http.stop())
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()

@@ -17,6 +17,7 @@ from waltz_client.settings import (
     Setting,
     SettingsSchema,
     boolean,
+    float_in,
     host_name,
     int_in,
     log_level,
@@ -103,6 +104,13 @@ SETTINGS = [
         "when several partitions appended, make them durable with one syncfs instead of "
         "an fsync each (Linux 5.8+; best on a filesystem of its own)",
     ),
+    Setting(
+        "inline_group_max_ms",
+        float_in(0, 60_000),
+        5.0,
+        "run a group of writes on the event loop's own thread while the last group took at "
+        "most this long (0: every group on the I/O thread)",
+    ),
     *peer_limit_settings(),
     *zk_tls_settings(),
     Setting("tls_cert", str, "", "PEM certificate: serve the protocol port over TLS"),
@@ -151,6 +159,7 @@ class StorageConfig:
     node_queue_max_bytes: int
     write_group_max_bytes: int
     group_sync: bool
+    inline_group_max_ms: float
     zk_tls_cert: str
     zk_tls_key: str
     zk_tls_ca: str

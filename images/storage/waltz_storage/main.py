@@ -9,7 +9,7 @@ import signal
 import sys
 
 from waltz_client.cluster.metadata import ReplicaAssignment, key_fingerprint
-from waltz_client.daemon import run_daemon, settle_heap, start_http, write_ready_file
+from waltz_client.daemon import HttpThread, run_daemon, settle_heap, write_ready_file
 from waltz_client.partition_ranges import format_partition_ranges
 from waltz_client.peer_limits import peer_limits_of
 from waltz_client.tls import TlsContexts
@@ -36,6 +36,7 @@ async def serve(config: StorageConfig) -> int:
         queue_max_bytes=config.queue_max_bytes,
         node_queue_max_bytes=config.node_queue_max_bytes,
         write_group_max_bytes=config.write_group_max_bytes,
+        inline_group_max_seconds=config.inline_group_max_ms / 1000,
         tls=TlsContexts(config.tls, listening=True) if config.tls.enabled else None,
         allowed_peers=config.tls_allowed_peers,
         peer=peer_limits_of(config),
@@ -89,15 +90,19 @@ async def serve(config: StorageConfig) -> int:
     if follower is not None:
         node.verify_sessions_with(follower.recorded_session, follower.recorded_log_start)
     server = StorageServer(node, server_settings)
+    # Probes and scrapes on a thread of their own: small write groups run on this loop's
+    # thread, and a slow fsync must not make /healthz miss its deadline.
+    http = HttpThread()
     try:
         port = await server.start(config.host, config.port)
-        runner, http_port = await start_http(
+        http_port = await http.start(
             build_app(server),
             config.host,
             config.http_port,
             config.tls if config.http_tls else None,
         )
     except OSError as e:
+        await http.stop()
         await server.close()
         node.close()
         if follower:
@@ -135,7 +140,7 @@ async def serve(config: StorageConfig) -> int:
     log.info("stopping")
     if follower is not None:
         await follower.close()
-    await runner.cleanup()
+    await http.stop()
     await server.close()
     node.close()
     return 0

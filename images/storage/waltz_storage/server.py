@@ -71,6 +71,8 @@ class ServerSettings:
     # All connections together: past it, a connection that queues more stops reading.
     node_queue_max_bytes: int = 512 * 1024 * 1024
     write_group_max_bytes: int = 8 * 1024 * 1024  # requests one worker hands over at once
+    # A group of writes runs on the loop's thread while the last took at most this long.
+    inline_group_max_seconds: float = 0.005
     unopened_max_frame_bytes: int = 64 * 1024  # before Open checked the cluster key
     write_buffer_max_bytes: int = 16 * 1024 * 1024  # unsent responses, per connection
     # connections, deadlines, partial-frame budget (frozen: one shared default is safe)
@@ -79,16 +81,39 @@ class ServerSettings:
     allowed_peers: tuple[str, ...] = ("*",)  # with TLS: certificate identities let in
 
 
-class NodeWorker:
-    """Runs every partition's requests on the node's one I/O thread, a drained group at a
-    time: each partition's in arrival order, and one sync for all the partitions that
-    appended (``StorageNode.process_group``). While a group is on the thread, the next
-    gathers, so the busier the node, the larger its groups."""
+def runs_inline(
+    requests: list[tuple[PartitionService, StorageMessage]],
+    last_group_seconds: float,
+    inline_max_seconds: float,
+) -> bool:
+    """Whether a group runs on the event loop's own thread rather than the I/O thread.
 
-    def __init__(self, node: StorageNode, group_max_bytes: int) -> None:
+    Handing a group to the I/O thread and back costs two thread wakes and the GIL going
+    back and forth, more than a small group's writes and sync on a fast disk (measured:
+    docs/benchmarks.md). Inline, the loop is blocked meanwhile, so only while the disk
+    is fast (the last group took at most ``inline_max_seconds``) and never for range
+    reads, whose replies may be large and cold. ``inline_max_seconds`` 0: never."""
+    if inline_max_seconds <= 0 or last_group_seconds > inline_max_seconds:
+        return False
+    return not any(isinstance(request, _READS) for _, request in requests)
+
+
+class NodeWorker:
+    """Runs every partition's requests a drained group at a time: each partition's in
+    arrival order, and one sync for all the partitions that appended
+    (``StorageNode.process_group``). A group runs on the node's one I/O thread, or on the
+    loop's own thread while the disk is fast (``runs_inline``). While a group is on the
+    I/O thread, the next gathers, so the busier the node, the larger its groups."""
+
+    def __init__(
+        self, node: StorageNode, group_max_bytes: int, inline_max_seconds: float = 0.0
+    ) -> None:
         self.node = node
         self._io = IoThread("waltz-storage-io")
         self._group_max_bytes = group_max_bytes
+        self._inline_max_seconds = inline_max_seconds
+        self._last_group_seconds = 0.0  # wall time of the last group, either way
+        self.inline_groups = 0  # groups run on the loop's thread (tests read it)
         self._queue: collections.deque[
             tuple[StorageConnection, PartitionService, StorageMessage, int]
         ] = collections.deque()
@@ -150,7 +175,11 @@ class NodeWorker:
     ) -> list[StorageMessage]:
         """The responses to ``group``, in its order."""
         requests = [(service, request) for _, service, request, _ in group]
+        started = time.perf_counter()
         try:
+            if runs_inline(requests, self._last_group_seconds, self._inline_max_seconds):
+                self.inline_groups += 1
+                return self.node.process_in_order(requests)
             return await self._io.run(self.node.process_in_order, requests)
         except Exception as e:  # a bug, not an I/O error: answer, log, keep serving
             log.exception("unexpected error in a group of %d request(s)", len(group))
@@ -164,6 +193,8 @@ class NodeWorker:
                 )
                 for _, r in requests
             ]
+        finally:
+            self._last_group_seconds = time.perf_counter() - started
 
     async def close(self) -> None:
         """Stop at once; a group already on the I/O thread still finishes there."""
@@ -513,7 +544,11 @@ class StorageServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (useful with port 0)."""
-        self._worker = NodeWorker(self.node, self.settings.write_group_max_bytes)
+        self._worker = NodeWorker(
+            self.node,
+            self.settings.write_group_max_bytes,
+            self.settings.inline_group_max_seconds,
+        )
         self.serving = dict(self.node.partitions)
         tls = self.settings.tls
         self._server = await asyncio.get_running_loop().create_server(

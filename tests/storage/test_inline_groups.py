@@ -1,0 +1,123 @@
+"""Small write groups run on the event loop's own thread while the disk is fast.
+
+Handing a group to the I/O thread and back costs two thread wakes and the GIL changing
+hands; ``runs_inline`` decides when to skip that: never for range reads, never once a
+group took longer than ``inline_group_max_seconds`` (a slow disk: the loop must stay
+free), never when it is 0. Here a real node serves real sockets in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from waltz_client.wire.records import Record, ReqId
+from waltz_client.wire.storage_client import StorageClient
+from waltz_client.wire.storage_messages import (
+    AppendRequest,
+    MaxTransactionIdRequest,
+    RecordHeaderListRequest,
+    RecordListRequest,
+    RecordRequest,
+)
+from waltz_storage.config import ConfigError, load_config
+from waltz_storage.server import ServerSettings, StorageServer, runs_inline
+from waltz_storage.service import StorageNode
+
+SESSION = 3
+HOST = "127.0.0.1"
+
+
+def records(first: int, n: int) -> list[Record]:
+    return [Record(t, ReqId(1, 1, 0, t), 0, b"x" * 64) for t in range(first, first + n)]
+
+
+def test_the_decision() -> None:
+    append = AppendRequest(SESSION, 1, 0)
+    ask = MaxTransactionIdRequest(SESSION, 2, 0)
+    writes = [(None, append), (None, ask)]
+    assert runs_inline(writes, 0.001, 0.005)  # type: ignore[arg-type]
+    assert runs_inline(writes, 0.005, 0.005)  # type: ignore[arg-type]
+    assert not runs_inline(writes, 0.0051, 0.005)  # type: ignore[arg-type]  # a slow disk
+    assert not runs_inline(writes, 0.0, 0.0)  # type: ignore[arg-type]  # turned off
+    for read in (
+        RecordListRequest(SESSION, 3, 0, 0, 10),
+        RecordHeaderListRequest(SESSION, 3, 0, 0, 10),
+        RecordRequest(SESSION, 3, 0, 0),
+    ):
+        assert not runs_inline([*writes, (None, read)], 0.0, 0.005)  # type: ignore[arg-type]
+
+
+def standalone(tmp_path: Path) -> list[str]:
+    return [
+        "--directory",
+        str(tmp_path),
+        "--cluster-key",
+        str(uuid.uuid4()),
+        "--num-partitions",
+        "1",
+    ]
+
+
+def test_the_daemon_setting_is_in_milliseconds(tmp_path: Path) -> None:
+    base = standalone(tmp_path)
+    assert load_config(base, {}).inline_group_max_ms == 5.0
+    assert load_config([*base, "--inline-group-max-ms", "0"], {}).inline_group_max_ms == 0.0
+    env = {"WALTZ_STORAGE_INLINE_GROUP_MAX_MS": "12.5"}
+    assert load_config(base, env).inline_group_max_ms == 12.5
+
+
+@pytest.mark.parametrize("bad", ["-1", "soon", "60001"])
+def test_a_bad_setting_is_refused(tmp_path: Path, bad: str) -> None:
+    base = standalone(tmp_path)
+    with pytest.raises(ConfigError, match="inline_group_max_ms"):
+        load_config([*base, "--inline-group-max-ms", bad], {})
+
+
+def test_a_slow_group_sends_the_next_to_the_io_thread(tmp_path: Path) -> None:
+    """Fast appends run inline; one that took longer than the bound (a sync held for
+    50 ms) makes the next group go to the I/O thread; once groups are fast again, they
+    run inline again. Every append is answered and stored either way."""
+    key = uuid.uuid4()
+    node = StorageNode.open(str(tmp_path / "data"), key, 1, {0})
+    server = StorageServer(node, ServerSettings(inline_group_max_seconds=0.02))
+    partition_log = node.partitions[0].log
+    assert partition_log is not None
+    real_sync = partition_log.sync
+    slow = {"on": False}
+
+    def sync(*args: object) -> None:
+        if slow["on"]:
+            time.sleep(0.05)
+        real_sync(*args)
+
+    partition_log.sync = sync  # type: ignore[method-assign]
+
+    async def go() -> list[int]:
+        port = await server.start(HOST, 0)
+        seen = []
+        try:
+            async with await StorageClient.connect(HOST, port) as client:
+                await client.open(key, 1)
+                txid = 0
+                for slow_now in (False, False, True, False, False):
+                    slow["on"] = slow_now
+                    await client.append(SESSION, 0, records(txid, 2))
+                    txid += 2
+                    seen.append(server.worker.inline_groups)
+                assert await client.max_transaction_id(SESSION, 0) == txid - 1
+        finally:
+            await server.close()
+        return seen
+
+    try:
+        seen = asyncio.run(go())
+    finally:
+        node.close()
+    # Groups 1-3 inline (the third is the slow one); the fourth, after it, on the I/O
+    # thread (whose wall time is short again); the fifth inline again.
+    assert seen == [1, 2, 3, 3, 4]
