@@ -71,10 +71,17 @@ def _too_big(builder: TransactionBuilder) -> str:
     """Why the server would refuse this append outright (it closes the connection)."""
     if len(builder.data) > DEFAULT_MAX_DATA_BYTES:
         return f"transaction data of {len(builder.data)} bytes exceeds {DEFAULT_MAX_DATA_BYTES}"
-    for kind in ("write_locks", "read_locks", "append_locks"):
-        if len(getattr(builder, kind)) > MAX_LOCKS:
-            return f"{len(getattr(builder, kind))} {kind} exceed {MAX_LOCKS}"
+    if max(len(builder.write_locks), len(builder.read_locks), len(builder.append_locks)) > (
+        MAX_LOCKS
+    ):
+        for kind in ("write_locks", "read_locks", "append_locks"):
+            if len(getattr(builder, kind)) > MAX_LOCKS:
+                return f"{len(getattr(builder, kind))} {kind} exceed {MAX_LOCKS}"
     return ""
+
+
+def _hashes(locks: list) -> tuple[int, ...]:
+    return tuple(lock.hash32() for lock in locks) if locks else ()
 
 
 class SubmitStatus(Enum):
@@ -734,19 +741,27 @@ class WaltzClient:
 
     async def _attempt(self, sub: _Submission, state: _Partition) -> Resolution | None:
         """One execution and append; None when execute() gives up."""
+        # Every append runs this: the common case (mounted, no callbacks to ask, a plain
+        # execute()) awaits nothing until the answer.
         while True:
-            await self._mounted(state)
+            if not state.ready.is_set():
+                await self._mounted(state)
             if self._closed:
                 return Resolution(sub, Outcome.LOST)
-            try:
-                hwm = await self._client_high_water_mark(state)
-            except Exception as e:
-                owner = type(self.callbacks).__name__ if self.callbacks else "WaltzClient"
-                raise _StepFailed(f"{owner}.client_high_water_mark", e) from e
+            if (not state.apply or self.callbacks is None) and (
+                state.mount_req is not None or state.applied != -1
+            ):
+                hwm = state.applied
+            else:
+                try:
+                    hwm = await self._client_high_water_mark(state)
+                except Exception as e:
+                    owner = type(self.callbacks).__name__ if self.callbacks else "WaltzClient"
+                    raise _StepFailed(f"{owner}.client_high_water_mark", e) from e
             builder = TransactionBuilder(state.partition_id, hwm)
             try:
                 decision = sub.context.execute(builder)
-                if inspect.isawaitable(decision):  # an async execute()
+                if decision is not True and inspect.isawaitable(decision):  # async execute()
                     decision = await decision
             except Exception as e:
                 raise _StepFailed(f"{type(sub.context).__name__}.execute", e) from e
@@ -759,22 +774,23 @@ class WaltzClient:
             if state.ready.is_set() and link is not None and link.stream is not None:
                 break  # else a remount began while executing: run it again
         q = ReqId(self.client_id, state.generation, state.partition_id, next(self._seqs))
-        sub.attempt = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        sub.attempt = attempt = loop.create_future()
         state.monitor.sent(q, sub)
         with contextlib.suppress(ConnectionError):  # a lost append: the next mount settles it
             link.stream.send(
                 AppendRequest(
                     q,
                     builder.client_high_water_mark,
-                    tuple(lock.hash32() for lock in builder.write_locks),
-                    tuple(lock.hash32() for lock in builder.read_locks),
-                    tuple(lock.hash32() for lock in builder.append_locks),
+                    _hashes(builder.write_locks),
+                    _hashes(builder.read_locks),
+                    _hashes(builder.append_locks),
                     builder.header,
                     builder.data,
                 )
             )
-        sub.sent_at = asyncio.get_running_loop().time()
-        return await sub.attempt  # the partition's watchdog flushes if it takes too long
+        sub.sent_at = loop.time()
+        return await attempt  # the partition's watchdog flushes if it takes too long
 
     # --- flush, high-water marks, data, ranges -----------------------------------------
 

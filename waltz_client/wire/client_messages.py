@@ -132,7 +132,12 @@ def _high_water_mark(r: Reader, what: str) -> int:
     return hwm
 
 
+_NO_HASHES = _I32.pack(0)
+
+
 def _pack_hashes(hashes: tuple[int, ...]) -> bytes:
+    if not hashes:
+        return _NO_HASHES  # most appends take no locks of a kind
     return _I32.pack(len(hashes)) + struct.pack(f">{len(hashes)}i", *hashes)
 
 
