@@ -62,6 +62,7 @@ def waltz(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
         ["--compare-partitions", "0"],
         ["--runs", "0"],
         ["--seconds", "0"],
+        ["--zookeeper-members", "0"],
     ],
 )
 def test_bad_sweep_arguments_are_refused(args: list[str]) -> None:
@@ -82,3 +83,17 @@ def test_a_small_sweep_on_a_real_cluster(tmp_path, zookeeper_available) -> None:
     (only,) = json.loads(out.read_text())
     assert only["system"] == "waltz, 1 partition" and only["concurrency"] == 2
     assert only["writes"] > 0 and only["p50_ms"] > 0 and only["cpu_ms_per_write"] > 0
+
+
+def test_the_zookeeper_column_runs_a_three_member_ensemble(tmp_path, zookeeper_available) -> None:
+    out = tmp_path / "cells.json"
+    result = waltz(
+        "--data-dir", str(tmp_path / "data"), "--compare-concurrency", "2",
+        "--compare-partitions", "1", "--seconds", "1", "--runs", "1", "--json", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"| {ZOOKEEPER} |" in result.stdout and ZOOKEEPER == "zookeeper (3 members)"
+    assert f"C=2: waltz, 1 partition / {ZOOKEEPER} = " in result.stdout
+    zk = next(c for c in json.loads(out.read_text()) if c["system"] == ZOOKEEPER)
+    # The CPU of all three JVMs was counted: each spends some on every write.
+    assert zk["writes"] > 0 and zk["cpu_ms_per_write"] > 0

@@ -40,7 +40,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     c = p.add_argument_group(
         "--compare",
         "a closed-loop sweep instead (docs/benchmarks.md): writes/s at each concurrency for "
-        "waltz with 1 and 4 partitions and the embedded ZooKeeper, a fresh cluster a cell",
+        "waltz with 1 and 4 partitions and a local ZooKeeper ensemble, a fresh cluster a cell",
     )
     c.add_argument("--compare", action="store_true", help="run the sweep")
     c.add_argument("--compare-concurrency", default="1,16,64,256", help="writes in flight")
@@ -48,6 +48,12 @@ def register(groups: argparse._SubParsersAction) -> None:
     c.add_argument("--seconds", type=float, default=5.0, help="of load a cell (default 5)")
     c.add_argument("--runs", type=int, default=2, help="runs of each cell; median (default 2)")
     c.add_argument("--no-zookeeper", action="store_true", help="skip the ZooKeeper column")
+    c.add_argument(
+        "--zookeeper-members",
+        type=int,
+        default=3,
+        help="ZooKeeper ensemble size (default 3, replicated like a waltz partition)",
+    )
     c.add_argument("--json", metavar="PATH", help="also write every cell as JSON")
     p.set_defaults(func=cmd_bench)
 

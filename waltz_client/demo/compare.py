@@ -1,14 +1,15 @@
 """``waltz bench --compare``: the closed-loop sweep of issue 16, as a user can rerun it.
 
-For each system (waltz with 1 partition, waltz with 4, and the embedded ZooKeeper) and
-each concurrency C, a fresh local cluster, then load processes (2, or 1 at C=1) keep C
-writes of ``--size`` bytes in flight between them for ``--seconds``, closed loop: each
-write is sent when one completes. A waltz write is a transaction submitted through
+For each system (waltz with 1 partition, waltz with 4, and a ZooKeeper ensemble of 3
+members by default, replicated like a waltz partition) and each concurrency C, a fresh
+local cluster, then load processes (2, or 1 at C=1) keep C writes of ``--size`` bytes in
+flight between them for ``--seconds``, closed loop: each write is sent when one
+completes. A waltz write is a transaction submitted through
 ``WaltzClient`` (committed: fsync'd on 2 of 3 replicas); a ZooKeeper write is a
-``create`` of a sequential node (committed: fsync'd in its transaction log). Reported per
-cell: the median over ``--runs`` of the completed writes per second, and the latency
-percentiles; and at the highest C, the CPU the cluster's own processes (storage nodes
-and server, or ZooKeeper's JVM) spent per write.
+``create`` of a sequential node (committed: fsync'd in the transaction logs of a majority
+of the members). Reported per cell: the median over ``--runs`` of the completed writes
+per second, and the latency percentiles; and at the highest C, the CPU the cluster's own
+processes (storage nodes and server, or ZooKeeper's JVMs) spent per write.
 """
 
 from __future__ import annotations
@@ -24,12 +25,19 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ..local.zookeeper import EmbeddedZooKeeper
+from ..local.zookeeper_ensemble import ZooKeeperEnsemble
 from .common import fresh_cluster
 
 DEFAULT_CONCURRENCY = (1, 16, 64, 256)
 WALTZ_SYSTEMS = ("waltz, 1 partition", "waltz, 4 partitions")
-ZOOKEEPER = "zookeeper (1 member)"
+DEFAULT_ZOOKEEPER_MEMBERS = 3
+
+
+def zookeeper_system(members: int) -> str:
+    return f"zookeeper ({members} member{'s' if members > 1 else ''})"
+
+
+ZOOKEEPER = zookeeper_system(DEFAULT_ZOOKEEPER_MEMBERS)
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -219,17 +227,23 @@ def measure_waltz(
         cluster.stop()
 
 
-def measure_zookeeper(data_dir: str, concurrency: int, size: int, seconds: float) -> Cell:
+def measure_zookeeper(
+    data_dir: str,
+    concurrency: int,
+    size: int,
+    seconds: float,
+    members: int = DEFAULT_ZOOKEEPER_MEMBERS,
+) -> Cell:
     shutil.rmtree(data_dir, ignore_errors=True)
     os.makedirs(data_dir)
-    zookeeper = EmbeddedZooKeeper(data_dir)
-    zookeeper.start()
+    ensemble = ZooKeeperEnsemble(data_dir, members)
+    ensemble.start()
     try:
-        pids = [zookeeper.pid] if zookeeper.pid is not None else []
-        connect = (zookeeper.connect_string, "/compare", 0)
-        return measure(ZOOKEEPER, _zookeeper_load, connect, pids, concurrency, size, seconds)
+        connect = (ensemble.connect_string, "/compare", 0)
+        system = zookeeper_system(members)
+        return measure(system, _zookeeper_load, connect, ensemble.pids, concurrency, size, seconds)
     finally:
-        zookeeper.stop()
+        ensemble.stop()
 
 
 # --- the sweep and its table ------------------------------------------------------------
@@ -244,6 +258,7 @@ def sweep(
     runs: int,
     zookeeper: bool,
     say: Callable[[str], None] = print,
+    zookeeper_members: int = DEFAULT_ZOOKEEPER_MEMBERS,
 ) -> list[Cell]:
     cells: list[Cell] = []
     for run in range(runs):
@@ -251,7 +266,9 @@ def sweep(
             plan = [(p, None) for p in partitions] + ([(0, "zk")] if zookeeper else [])
             for p, kind in plan:
                 if kind == "zk":
-                    cell = measure_zookeeper(os.path.join(data_dir, "zk"), c, size, seconds)
+                    cell = measure_zookeeper(
+                        os.path.join(data_dir, "zk"), c, size, seconds, zookeeper_members
+                    )
                 else:
                     cell = measure_waltz(os.path.join(data_dir, "waltz"), p, c, size, seconds)
                 cells.append(cell)
@@ -303,7 +320,7 @@ def ratios(cells: list[Cell]) -> list[str]:
         if one not in rate:
             continue
         for s in systems:
-            if s == ZOOKEEPER:
+            if s.startswith("zookeeper"):
                 lines.append(f"C={c}: {one} / {s} = {rate[one] / rate[s]:.2f}x")
             elif s != one:
                 lines.append(f"C={c}: {s} / {one} = {rate[s] / rate[one]:.2f}x")
@@ -320,10 +337,16 @@ def cmd_compare(args) -> int:
             "comma-separated integers, e.g. 1,16,64,256"
         )
         return 2
-    if min(concurrency) < 1 or min(partitions) < 1 or args.runs < 1 or args.seconds <= 0:
+    if (
+        min(concurrency) < 1
+        or min(partitions) < 1
+        or args.runs < 1
+        or args.seconds <= 0
+        or args.zookeeper_members < 1
+    ):
         print(
-            "waltz bench: error: concurrency, partitions and --runs must be at least 1, "
-            "--seconds above 0"
+            "waltz bench: error: concurrency, partitions, --runs and --zookeeper-members "
+            "must be at least 1, --seconds above 0"
         )
         return 2
     print(
@@ -341,6 +364,7 @@ def cmd_compare(args) -> int:
         args.runs,
         not args.no_zookeeper,
         lambda line: print(line, flush=True),
+        args.zookeeper_members,
     )
     print()
     print(f"median of {args.runs} run(s):")

@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"  # a member of an ensemble
 # The server jar itself (zookeeper-3.9.5.jar), not zookeeper-jute-*.jar.
 _SERVER_JAR_PATTERN = "zookeeper-[0-9]*.jar"
 _LOG_TAIL_LINES = 30
@@ -217,9 +218,13 @@ class EmbeddedZooKeeper:
         heap_mb: int = 256,
         log_level: str = "INFO",
         tls: TlsFiles | None = None,
+        server_id: int = 0,
+        quorum: dict[int, str] | None = None,
     ) -> None:
         """``tls``: also serve a secure client port (TLS, client certificates required)
-        with this certificate; the plain port stays, on ``host``, for local probes."""
+        with this certificate; the plain port stays, on ``host``, for local probes.
+        ``quorum``: run as member ``server_id`` of an ensemble, every member's
+        ``host:quorum_port:election_port`` by ID (``ZooKeeperEnsemble`` sets it up)."""
         self.data_dir = os.path.abspath(data_dir)
         self.host = host
         self.heap_mb = heap_mb
@@ -235,6 +240,10 @@ class EmbeddedZooKeeper:
         self._log_offset = 0
         self.tls = tls
         self._secure_port = 0
+        if quorum is not None and server_id not in quorum:
+            raise ValueError(f"server_id {server_id} is not one of the quorum's {sorted(quorum)}")
+        self.server_id = server_id
+        self.quorum = quorum
 
     # -- facts ---------------------------------------------------------------
 
@@ -293,18 +302,19 @@ class EmbeddedZooKeeper:
             f"-Dlog4j2.configurationFile={os.path.join(self.data_dir, 'log4j2.properties')}",
             "-cp",
             classpath,
-            SERVER_MAIN,
+            SERVER_MAIN if self.quorum is None else QUORUM_MAIN,
             self.config_path,
         ]
 
     # -- life cycle ----------------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 30.0, *, wait: bool = True) -> None:
         """Start the server and wait until it answers ``ruok`` and accepts a kazoo session.
 
         Raises :class:`ZooKeeperUnavailable` (with the end of the log) if Java or the
         jars are missing, or the server exits or is not ready within ``timeout`` seconds.
-        """
+        ``wait=False``: return once the JVM runs (an ensemble's member serves only once
+        a majority runs; ``wait_ready`` then)."""
         if self.running:
             raise RuntimeError(f"ZooKeeper is already running on {self.connect_string}")
         self._reap()  # a server that died by itself
@@ -325,7 +335,7 @@ class EmbeddedZooKeeper:
                     f"{self.connect_string}"
                 )
             try:
-                self._launch(java, classpath, deadline, timeout)
+                self._launch(java, classpath, deadline, timeout, wait)
             except _PortTaken:
                 if attempt < attempts:
                     self._port = 0
@@ -337,7 +347,9 @@ class EmbeddedZooKeeper:
             self._started_once = True
             return
 
-    def _launch(self, java: str, classpath: str, deadline: float, timeout: float) -> None:
+    def _launch(
+        self, java: str, classpath: str, deadline: float, timeout: float, wait: bool = True
+    ) -> None:
         self._write_config()
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
@@ -359,10 +371,22 @@ class EmbeddedZooKeeper:
                     raise ZooKeeperUnavailable(f"cannot run {java}: {exc}") from exc
                 self._log = log
                 _RUNNING.add(self)
-            self._wait_ready(deadline, timeout)
+            if wait:
+                self._wait_ready(deadline, timeout)
         except BaseException:
             self.kill()  # the JVM's whole process group, if it was started
             raise
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """After ``start(wait=False)``: until it answers ``ruok`` and accepts a kazoo
+        session (ZooKeeperUnavailable, with the end of the log, if not in time)."""
+        try:
+            self._wait_ready(time.monotonic() + timeout, timeout)
+        except _PortTaken:
+            raise ZooKeeperUnavailable(
+                f"ZooKeeper could not bind {self.connect_string} (address already in use)"
+                + self._log_tail_text()
+            ) from None
 
     def _wait_ready(self, deadline: float, timeout: float) -> None:
         assert self._proc is not None
@@ -497,6 +521,11 @@ class EmbeddedZooKeeper:
         }
         if self.tls is not None:
             config.update(self._tls_config())
+        if self.quorum is not None:
+            # Ticks a follower may take to connect and sync, and to stay in sync.
+            config.update({"initLimit": "10", "syncLimit": "5"})
+            config.update({f"server.{i}": address for i, address in sorted(self.quorum.items())})
+            _write_file(os.path.join(self.data_dir, "myid"), f"{self.server_id}\n")
         text = "# Written by waltz_client.local.zookeeper on each start.\n" + "".join(
             f"{key}={value}\n" for key, value in config.items()
         )
