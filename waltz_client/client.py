@@ -168,6 +168,7 @@ class _Partition:
     remount: asyncio.Event = field(default_factory=asyncio.Event)
     applied_changed: asyncio.Event = field(default_factory=asyncio.Event)
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # stream messages, in order
+    inbox_waiting: bool = False  # its loop waits for the next message, none in hand
     monitor: TransactionMonitor[_Submission] = field(default_factory=TransactionMonitor)
     mount_answer: asyncio.Future | None = None
     # Why the partition's last mount was refused (FORBIDDEN, TRUNCATED); set until a
@@ -477,6 +478,20 @@ class WaltzClient:
         state = self._partitions.get(m.req_id.partition_id)
         if state is None:
             return
+        if (
+            type(m) is FeedData
+            and state.inbox_waiting
+            and state.inbox.empty()
+            and not (state.apply and self.callbacks is not None)
+        ):
+            # Only watched for our own appends, and nothing before it waits: taken now,
+            # not through the inbox's task (most feed a producer gets goes this way).
+            try:
+                self._watch_feed(state, m)
+            except Exception:  # as the inbox's loop would: say so, mount again
+                log.exception("partition %d: handling FeedData failed", state.partition_id)
+                state.remount.set()
+            return
         state.inbox.put_nowait(m)
         link = state.link
         if state.inbox.qsize() >= MAX_INBOX and link is not None and link.stream is not None:
@@ -487,7 +502,11 @@ class WaltzClient:
 
     async def _inbox_loop(self, state: _Partition) -> None:
         while True:
-            m = await state.inbox.get()
+            state.inbox_waiting = True
+            try:
+                m = await state.inbox.get()
+            finally:
+                state.inbox_waiting = False
             if state.paused is not None and state.inbox.qsize() <= MAX_INBOX // 2:
                 state.paused.resume_reading()
                 state.paused = None
@@ -550,19 +569,50 @@ class WaltzClient:
                 if not future.done():
                     future.set_exception(WaltzError(f"flush: {m.code.name}: {m.message}"))
 
+    def _watch_feed(self, state: _Partition, m: FeedData) -> None:
+        """``_handle`` of a FeedData on a partition not applied by the application: it
+        only settles our own appends, without awaiting anything."""
+        if m.req_id != state.mount_req or m.req_id == state.broken_mount:
+            return  # an older mount's feed
+        before = state.applied
+        try:
+            for h in m.headers:
+                txid = h.transaction_id
+                if txid <= state.applied:
+                    continue
+                if not self._in_order(state, txid):
+                    return
+                resolutions = state.monitor.committed(h.req_id, txid)
+                state.applied = txid
+                if resolutions:
+                    self._resolve(state, resolutions)
+        finally:
+            if state.applied != before:
+                state.applied_changed.set()
+
+    def _in_order(self, state: _Partition, txid: int) -> bool:
+        """Whether ``txid`` is the next transaction; if not, the feed has a gap: mount
+        again."""
+        if txid == state.applied + 1:
+            return True
+        log.error(
+            "partition %d: feed gap: %d after %d; mounting again",
+            state.partition_id,
+            txid,
+            state.applied,
+        )
+        state.remount.set()
+        return False
+
     async def _deliver(self, state: _Partition, m: FeedData) -> None:
+        if not (state.apply and self.callbacks is not None):
+            self._watch_feed(state, m)
+            return
         for h in m.headers:
             txid = h.transaction_id
             if txid <= state.applied:
                 continue  # delivered before this mount's starting point
-            if txid != state.applied + 1:
-                log.error(
-                    "partition %d: feed gap: %d after %d; mounting again",
-                    state.partition_id,
-                    txid,
-                    state.applied,
-                )
-                state.remount.set()
+            if not self._in_order(state, txid):
                 return
             resolutions = state.monitor.committed(h.req_id, txid)
             if state.apply and self.callbacks is not None:
