@@ -25,7 +25,12 @@ from waltz_client.wire.storage_messages import (
     RecordRequest,
 )
 from waltz_storage.config import ConfigError, load_config
-from waltz_storage.server import ServerSettings, StorageServer, runs_inline
+from waltz_storage.server import (
+    INLINE_GROUP_MAX_BYTES,
+    ServerSettings,
+    StorageServer,
+    runs_inline,
+)
 from waltz_storage.service import StorageNode
 
 SESSION = 3
@@ -40,16 +45,19 @@ def test_the_decision() -> None:
     append = AppendRequest(SESSION, 1, 0)
     ask = MaxTransactionIdRequest(SESSION, 2, 0)
     writes = [(None, append), (None, ask)]
-    assert runs_inline(writes, 0.001, 0.005)  # type: ignore[arg-type]
-    assert runs_inline(writes, 0.005, 0.005)  # type: ignore[arg-type]
-    assert not runs_inline(writes, 0.0051, 0.005)  # type: ignore[arg-type]  # a slow disk
-    assert not runs_inline(writes, 0.0, 0.0)  # type: ignore[arg-type]  # turned off
+    small = 4096
+    assert runs_inline(writes, small, 0.001, 0.005)  # type: ignore[arg-type]
+    assert runs_inline(writes, small, 0.005, 0.005)  # type: ignore[arg-type]
+    assert runs_inline(writes, INLINE_GROUP_MAX_BYTES, 0.0, 0.005)  # type: ignore[arg-type]
+    assert not runs_inline(writes, INLINE_GROUP_MAX_BYTES + 1, 0.0, 0.005)  # type: ignore[arg-type]
+    assert not runs_inline(writes, small, 0.0051, 0.005)  # type: ignore[arg-type]  # slow disk
+    assert not runs_inline(writes, small, 0.0, 0.0)  # type: ignore[arg-type]  # turned off
     for read in (
         RecordListRequest(SESSION, 3, 0, 0, 10),
         RecordHeaderListRequest(SESSION, 3, 0, 0, 10),
         RecordRequest(SESSION, 3, 0, 0),
     ):
-        assert not runs_inline([*writes, (None, read)], 0.0, 0.005)  # type: ignore[arg-type]
+        assert not runs_inline([*writes, (None, read)], small, 0.0, 0.005)  # type: ignore[arg-type]
 
 
 def standalone(tmp_path: Path) -> list[str]:
@@ -121,3 +129,30 @@ def test_a_slow_group_sends_the_next_to_the_io_thread(tmp_path: Path) -> None:
     # Groups 1-3 inline (the third is the slow one); the fourth, after it, on the I/O
     # thread (whose wall time is short again); the fifth inline again.
     assert seen == [1, 2, 3, 3, 4]
+
+
+def test_a_large_group_runs_on_the_io_thread(tmp_path: Path) -> None:
+    key = uuid.uuid4()
+    node = StorageNode.open(str(tmp_path / "data"), key, 1, {0})
+    server = StorageServer(node)
+
+    async def go() -> list[int]:
+        port = await server.start(HOST, 0)
+        seen = []
+        try:
+            async with await StorageClient.connect(HOST, port) as client:
+                await client.open(key, 1)
+                big = [Record(t, ReqId(1, 1, 0, t), 0, b"y" * 4096) for t in range(80)]
+                await client.append(SESSION, 0, big)  # 320 KiB: over the bound
+                seen.append(server.worker.inline_groups)
+                await client.append(SESSION, 0, records(80, 2))
+                seen.append(server.worker.inline_groups)
+        finally:
+            await server.close()
+        return seen
+
+    try:
+        # Open is answered on the loop, not by the worker: the counts are appends only.
+        assert asyncio.run(go()) == [0, 1]
+    finally:
+        node.close()

@@ -81,8 +81,14 @@ class ServerSettings:
     allowed_peers: tuple[str, ...] = ("*",)  # with TLS: certificate identities let in
 
 
+# Larger groups go to the I/O thread: their writes alone dwarf the hand-over, and the
+# loop, not blocked for their whole write and sync, decodes the next requests meanwhile.
+INLINE_GROUP_MAX_BYTES = 256 * 1024
+
+
 def runs_inline(
     requests: list[tuple[PartitionService, StorageMessage]],
+    group_bytes: int,
     last_group_seconds: float,
     inline_max_seconds: float,
 ) -> bool:
@@ -90,10 +96,13 @@ def runs_inline(
 
     Handing a group to the I/O thread and back costs two thread wakes and the GIL going
     back and forth, more than a small group's writes and sync on a fast disk (measured:
-    docs/benchmarks.md). Inline, the loop is blocked meanwhile, so only while the disk
-    is fast (the last group took at most ``inline_max_seconds``) and never for range
-    reads, whose replies may be large and cold. ``inline_max_seconds`` 0: never."""
+    docs/benchmarks.md). Inline, the loop is blocked meanwhile, so only for a small
+    group (``INLINE_GROUP_MAX_BYTES``), while the disk is fast (the last group took at
+    most ``inline_max_seconds``), and never for range reads, whose replies may be large
+    and cold. ``inline_max_seconds`` 0: never."""
     if inline_max_seconds <= 0 or last_group_seconds > inline_max_seconds:
+        return False
+    if group_bytes > INLINE_GROUP_MAX_BYTES:
         return False
     return not any(isinstance(request, _READS) for _, request in requests)
 
@@ -175,9 +184,12 @@ class NodeWorker:
     ) -> list[StorageMessage]:
         """The responses to ``group``, in its order."""
         requests = [(service, request) for _, service, request, _ in group]
+        group_bytes = sum(size for *_, size in group)
         started = time.perf_counter()
         try:
-            if runs_inline(requests, self._last_group_seconds, self._inline_max_seconds):
+            if runs_inline(
+                requests, group_bytes, self._last_group_seconds, self._inline_max_seconds
+            ):
                 self.inline_groups += 1
                 return self.node.process_in_order(requests)
             return await self._io.run(self.node.process_in_order, requests)
