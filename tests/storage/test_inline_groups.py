@@ -86,6 +86,35 @@ def test_a_bad_setting_is_refused(tmp_path: Path, bad: str) -> None:
         load_config([*base, "--inline-group-max-ms", bad], {})
 
 
+def inline_counts_after_each(
+    node: StorageNode, server: StorageServer, key: uuid.UUID, batches: list, before_each=None
+) -> list[int]:
+    """Append each batch of records in turn on a real connection to ``server``; the
+    worker's inline group count after each (``before_each(i)`` runs first)."""
+
+    async def go() -> list[int]:
+        port = await server.start(HOST, 0)
+        seen = []
+        try:
+            async with await StorageClient.connect(HOST, port) as client:
+                await client.open(key, 1)
+                for i, batch in enumerate(batches):
+                    if before_each is not None:
+                        before_each(i)
+                    await client.append(SESSION, 0, batch)
+                    seen.append(server.worker.inline_groups)
+                last = batches[-1][-1].transaction_id
+                assert await client.max_transaction_id(SESSION, 0) == last
+        finally:
+            await server.close()
+        return seen
+
+    try:
+        return asyncio.run(go())
+    finally:
+        node.close()
+
+
 def test_a_slow_group_sends_the_next_to_the_io_thread(tmp_path: Path) -> None:
     """Fast appends run inline; one that took longer than the bound (a sync held for
     50 ms) makes the next group go to the I/O thread; once groups are fast again, they
@@ -96,36 +125,19 @@ def test_a_slow_group_sends_the_next_to_the_io_thread(tmp_path: Path) -> None:
     partition_log = node.partitions[0].log
     assert partition_log is not None
     real_sync = partition_log.sync
-    slow = {"on": False}
+    slow_at = 2
 
     def sync(*args: object) -> None:
-        if slow["on"]:
+        if slow["now"]:
             time.sleep(0.05)
         real_sync(*args)
 
+    slow = {"now": False}
     partition_log.sync = sync  # type: ignore[method-assign]
-
-    async def go() -> list[int]:
-        port = await server.start(HOST, 0)
-        seen = []
-        try:
-            async with await StorageClient.connect(HOST, port) as client:
-                await client.open(key, 1)
-                txid = 0
-                for slow_now in (False, False, True, False, False):
-                    slow["on"] = slow_now
-                    await client.append(SESSION, 0, records(txid, 2))
-                    txid += 2
-                    seen.append(server.worker.inline_groups)
-                assert await client.max_transaction_id(SESSION, 0) == txid - 1
-        finally:
-            await server.close()
-        return seen
-
-    try:
-        seen = asyncio.run(go())
-    finally:
-        node.close()
+    batches = [records(2 * i, 2) for i in range(5)]
+    seen = inline_counts_after_each(
+        node, server, key, batches, lambda i: slow.update(now=i == slow_at)
+    )
     # Groups 1-3 inline (the third is the slow one); the fourth, after it, on the I/O
     # thread (whose wall time is short again); the fifth inline again.
     assert seen == [1, 2, 3, 3, 4]
@@ -134,25 +146,7 @@ def test_a_slow_group_sends_the_next_to_the_io_thread(tmp_path: Path) -> None:
 def test_a_large_group_runs_on_the_io_thread(tmp_path: Path) -> None:
     key = uuid.uuid4()
     node = StorageNode.open(str(tmp_path / "data"), key, 1, {0})
-    server = StorageServer(node)
-
-    async def go() -> list[int]:
-        port = await server.start(HOST, 0)
-        seen = []
-        try:
-            async with await StorageClient.connect(HOST, port) as client:
-                await client.open(key, 1)
-                big = [Record(t, ReqId(1, 1, 0, t), 0, b"y" * 4096) for t in range(80)]
-                await client.append(SESSION, 0, big)  # 320 KiB: over the bound
-                seen.append(server.worker.inline_groups)
-                await client.append(SESSION, 0, records(80, 2))
-                seen.append(server.worker.inline_groups)
-        finally:
-            await server.close()
-        return seen
-
-    try:
-        # Open is answered on the loop, not by the worker: the counts are appends only.
-        assert asyncio.run(go()) == [0, 1]
-    finally:
-        node.close()
+    big = [Record(t, ReqId(1, 1, 0, t), 0, b"y" * 4096) for t in range(80)]  # 320 KiB
+    seen = inline_counts_after_each(node, StorageServer(node), key, [big, records(80, 2)])
+    # Open is answered on the loop, not by the worker: the counts are appends only.
+    assert seen == [0, 1]
