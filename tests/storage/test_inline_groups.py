@@ -146,7 +146,7 @@ def test_a_slow_group_sends_the_next_to_the_io_thread(tmp_path: Path) -> None:
 def test_a_large_group_runs_on_the_io_thread(tmp_path: Path) -> None:
     key = uuid.uuid4()
     node = StorageNode.open(str(tmp_path / "data"), key, 1, {0})
-    big = [Record(t, ReqId(1, 1, 0, t), 0, b"y" * 4096) for t in range(80)]  # 320 KiB
-    seen = inline_counts_after_each(node, StorageServer(node), key, [big, records(80, 2)])
+    big = [Record(t, ReqId(1, 1, 0, t), 0, b"y" * 4096) for t in range(300)]  # 1.2 MiB
+    seen = inline_counts_after_each(node, StorageServer(node), key, [big, records(300, 2)])
     # Open is answered on the loop, not by the worker: the counts are appends only.
     assert seen == [0, 1]

@@ -83,7 +83,7 @@ class ServerSettings:
 
 # Larger groups go to the I/O thread: their writes alone dwarf the hand-over, and the
 # loop, not blocked for their whole write and sync, decodes the next requests meanwhile.
-INLINE_GROUP_MAX_BYTES = 256 * 1024
+INLINE_GROUP_MAX_BYTES = 1024 * 1024
 
 
 def runs_inline(
