@@ -254,26 +254,20 @@ def test_dump_of_a_file_that_is_not_a_segment(tmp_path, waltz):
     assert result.stdout.startswith("CORRUPT")
 
 
-def test_bench_runs_and_reports_positive_rates(tmp_path, waltz):
+def run_bench(tmp_path, waltz, *args: str):
+    """``waltz storage bench --json`` with ``args`` in ``tmp_path``: its output and rows."""
     result = waltz(
-        "storage",
-        "bench",
-        "--dir",
-        str(tmp_path / "bench"),
-        "--duration",
-        "0.2",
-        "--batch-sizes",
-        "1,10",
-        "--in-flight",
-        "1,2",
-        "--json",
-        cwd=tmp_path,
-        timeout=60,
-    )
+        "storage", "bench", "--dir", str(tmp_path / "bench"), *args, "--json",
+        cwd=tmp_path, timeout=60,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    start = out.index("\n[") + 1
-    rows = json.loads(out[start:])
+    return result.stdout, json.loads(result.stdout[result.stdout.index("\n[") + 1 :])
+
+
+def test_bench_runs_and_reports_positive_rates(tmp_path, waltz):
+    _, rows = run_bench(
+        tmp_path, waltz, "--duration", "0.2", "--batch-sizes", "1,10", "--in-flight", "1,2"
+    )
     assert [(r["batch"], r["inflight"]) for r in rows] == [(1, 1), (1, 2), (10, 1), (10, 2)]
     for r in rows:
         assert r["records_per_s"] > 0
@@ -289,28 +283,12 @@ def test_bench_runs_and_reports_positive_rates(tmp_path, waltz):
 def test_bench_appends_to_several_partitions_at_once(tmp_path, waltz, group_sync):
     """--partitions N: N appenders at once, a partition each, on one node (the node is
     started with N partitions; an append to a partition it lacks would fail the run)."""
-    result = waltz(
-        "storage",
-        "bench",
-        "--dir",
-        str(tmp_path / "bench"),
-        "--duration",
-        "0.3",
-        "--batch-sizes",
-        "5",
-        "--in-flight",
-        "2",
-        "--partitions",
-        "3",
-        *([] if group_sync else ["--no-group-sync"]),
-        "--json",
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 partitions at once" in result.stdout
-    assert ("group_sync off" in result.stdout) is not group_sync
-    (row,) = json.loads(result.stdout[result.stdout.index("\n[") + 1 :])
+    out, (row,) = run_bench(
+        tmp_path, waltz, "--duration", "0.3", "--batch-sizes", "5", "--in-flight", "2",
+        "--partitions", "3", *([] if group_sync else ["--no-group-sync"]),
+    )  # fmt: skip
+    assert "3 partitions at once" in out
+    assert ("group_sync off" in out) is not group_sync
     assert (row["batch"], row["inflight"]) == (5, 2)
     assert row["records_per_s"] > 0
 
