@@ -71,12 +71,13 @@ def _too_big(builder: TransactionBuilder) -> str:
     """Why the server would refuse this append outright (it closes the connection)."""
     if len(builder.data) > DEFAULT_MAX_DATA_BYTES:
         return f"transaction data of {len(builder.data)} bytes exceeds {DEFAULT_MAX_DATA_BYTES}"
-    if max(len(builder.write_locks), len(builder.read_locks), len(builder.append_locks)) > (
-        MAX_LOCKS
+    for kind, locks in (
+        ("write_locks", builder.write_locks),
+        ("read_locks", builder.read_locks),
+        ("append_locks", builder.append_locks),
     ):
-        for kind in ("write_locks", "read_locks", "append_locks"):
-            if len(getattr(builder, kind)) > MAX_LOCKS:
-                return f"{len(getattr(builder, kind))} {kind} exceed {MAX_LOCKS}"
+        if len(locks) > MAX_LOCKS:
+            return f"{len(locks)} {kind} exceed {MAX_LOCKS}"
     return ""
 
 
@@ -605,7 +606,8 @@ class WaltzClient:
         return False
 
     async def _deliver(self, state: _Partition, m: FeedData) -> None:
-        if not (state.apply and self.callbacks is not None):
+        callbacks = self.callbacks
+        if not state.apply or callbacks is None:
             self._watch_feed(state, m)
             return
         for h in m.headers:
@@ -615,26 +617,23 @@ class WaltzClient:
             if not self._in_order(state, txid):
                 return
             resolutions = state.monitor.committed(h.req_id, txid)
-            if state.apply and self.callbacks is not None:
-                txn = self._transaction(state.partition_id, txid, h.header, h.req_id)
+            txn = self._transaction(state.partition_id, txid, h.header, h.req_id)
+            try:
+                await self._call(callbacks.apply_transaction, txn)
+            except Exception as e:
                 try:
-                    await self._call(self.callbacks.apply_transaction, txn)
-                except Exception as e:
-                    try:
-                        await self._call(
-                            self.callbacks.uncaught_exception, state.partition_id, txid, e
-                        )
-                    except Exception:
-                        log.exception("uncaught_exception itself raised")
-                    # Deliver it again: mount anew from the application's high-water mark
-                    # (unless a newer mount is already under way), ignoring the rest of
-                    # this mount's feed meanwhile.
-                    self._resolve(state, resolutions)
-                    if state.mount_req == m.req_id:
-                        state.broken_mount = m.req_id
-                        state.remount.set()
-                    await asyncio.sleep(self.config.retry_backoff)
-                    return
+                    await self._call(callbacks.uncaught_exception, state.partition_id, txid, e)
+                except Exception:
+                    log.exception("uncaught_exception itself raised")
+                # Deliver it again: mount anew from the application's high-water mark
+                # (unless a newer mount is already under way), ignoring the rest of
+                # this mount's feed meanwhile.
+                self._resolve(state, resolutions)
+                if state.mount_req == m.req_id:
+                    state.broken_mount = m.req_id
+                    state.remount.set()
+                await asyncio.sleep(self.config.retry_backoff)
+                return
             state.applied = txid
             state.applied_changed.set()
             self._resolve(state, resolutions)

@@ -4,9 +4,9 @@ For each system (waltz with 1 partition, waltz with 4, and a ZooKeeper ensemble 
 members by default, replicated like a waltz partition) and each concurrency C, a fresh
 local cluster, then load processes (2, or 1 at C=1) keep C writes of ``--size`` bytes in
 flight between them for ``--seconds``, closed loop: each write is sent when one
-completes. A waltz write is a transaction submitted through
-``WaltzClient`` (committed: fsync'd on 2 of 3 replicas); a ZooKeeper write is a
-``create`` of a sequential node (committed: fsync'd in the transaction logs of a majority
+completes. A waltz write is a transaction submitted through ``WaltzClient``
+(committed: fsync'd on 2 of 3 replicas); a ZooKeeper write is a ``create`` of a
+sequential node (committed: fsync'd in the transaction logs of a majority
 of the members). Reported per cell: the median over ``--runs`` of the completed writes
 per second, and the latency percentiles; and at the highest C, the CPU the cluster's own
 processes (storage nodes and server, or ZooKeeper's JVMs) spent per write.
