@@ -6,6 +6,7 @@ The members are fake storage clients whose Append answers the test releases.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from waltz_client.wire.records import CRC, WIRE_RECORD_HEAD, crc32
 from waltz_client.wire.storage_messages import SuccessResponse
@@ -18,21 +19,19 @@ class FakeClient:
     closed = False
 
     def __init__(self) -> None:
-        self.pending: list[tuple[int, asyncio.Future]] = []
+        self.pending: list[tuple[int, Callable]] = []
         self._seq = 0
 
     def next_seq(self) -> int:
         self._seq += 1
         return self._seq
 
-    def submit_parts(self, seq: int, parts: list) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
-        self.pending.append((seq, future))
-        return future
+    def send_parts(self, seq: int, parts: list, on_answer: Callable) -> None:
+        self.pending.append((seq, on_answer))
 
     def answer_all(self, session_id: int, partition_id: int) -> None:
-        for seq, future in self.pending:
-            future.set_result(SuccessResponse(session_id, seq, partition_id))
+        for seq, on_answer in self.pending:
+            on_answer(SuccessResponse(session_id, seq, partition_id), None)
         self.pending.clear()
 
     async def close(self) -> None:

@@ -29,7 +29,11 @@ from waltz_client.wire.framing import (
     encode_frame,
 )
 from waltz_client.wire.records import Record, RecordBatch, ReqId
-from waltz_client.wire.storage_client import StorageClient, StorageFailure
+from waltz_client.wire.storage_client import (
+    StorageClient,
+    StorageConnectionClosed,
+    StorageFailure,
+)
 from waltz_client.wire.storage_messages import (
     MESSAGE_HEADER,
     STORAGE_PROTOCOL_VERSIONS,
@@ -347,6 +351,47 @@ def test_pipelined_appends_all_succeed_in_order(storage_node):
             assert [r.seq for r in responses] == [r.seq for r in requests]
             assert await c.max_transaction_id(SESSION, 0) == nxt - 1
             assert await read_all(c, SESSION, 0, 0, nxt - 1) == written
+
+    run(go(), timeout=20)
+
+
+def test_answers_by_call_arrive_in_order_and_fail_when_the_connection_closes(storage_node):
+    """``send_parts``, as a store session sends its batches: each ``on_answer`` gets its
+    response, in request order; requests still unanswered when the connection closes
+    get the error instead, each exactly once."""
+    rng = random.Random(7)
+
+    async def go():
+        answers: list[tuple[int, object]] = []
+
+        def on_answer(seq: int):
+            return lambda response, error: answers.append((seq, response or error))
+
+        async with await storage_node.client() as c:
+            seqs, nxt = [], 0
+            for _ in range(50):
+                request = c.append_request(SESSION, 0, make_records(nxt, 2, rng))
+                nxt += 2
+                c.send_parts(request.seq, [request.encode()], on_answer(request.seq))
+                seqs.append(request.seq)
+            assert await c.max_transaction_id(SESSION, 0) == nxt - 1  # answered in order
+            assert [seq for seq, _ in answers] == seqs
+            assert all(isinstance(r, SuccessResponse) and r.seq == q for q, r in answers)
+            answers.clear()
+            # Sent, then the connection dropped before any answer could be read.
+            request = c.append_request(SESSION, 0, make_records(nxt, 1, rng))
+            c.send_parts(request.seq, [request.encode()], on_answer(request.seq))
+            c._writer.transport.abort()
+            for _ in range(100):
+                if answers:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(answers) == 1
+            seq, error = answers[0]
+            assert seq == request.seq and isinstance(error, StorageConnectionClosed)
+            with pytest.raises(StorageConnectionClosed):
+                c.send_parts(request.seq + 1, [request.encode()], on_answer(0))
+        assert len(answers) == 1
 
     run(go(), timeout=20)
 

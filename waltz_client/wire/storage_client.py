@@ -13,6 +13,7 @@ import itertools
 import logging
 import struct
 import uuid
+from collections.abc import Callable
 
 from .errors import HandshakeError, ProtocolError
 from .frame_protocol import FrameProtocol
@@ -77,6 +78,11 @@ class StorageConnectionClosed(ConnectionError):
     """The connection closed before a response arrived."""
 
 
+# ``on_answer(response, None)`` when a request's response is read, or
+# ``on_answer(None, error)`` when the connection closes first (``send_parts``).
+OnAnswer = Callable[[StorageMessage | None, BaseException | None], None]
+
+
 class StorageClient:
     def __init__(
         self,
@@ -88,7 +94,9 @@ class StorageClient:
         self._writer = writer
         self.version = version
         self._limits = limits
-        self._pending: dict[int, asyncio.Future[StorageMessage]] = {}
+        # Who waits for each request's response: a future (``submit``) or a call
+        # (``send_parts``).
+        self._pending: dict[int, asyncio.Future[StorageMessage] | OnAnswer] = {}
         self._unchecked: set[int] = set()  # requests whose records the caller relays unread
         self._seqs = itertools.count(1)
         self._closed: BaseException | None = None
@@ -157,11 +165,14 @@ class StorageClient:
             self._unchecked.discard(message.seq)
         else:
             message = decode_response(message_type, body, self._limits)
-        future = self._pending.pop(message.seq, None)
-        if future is None:
+        waiter = self._pending.pop(message.seq, None)
+        if waiter is None:
             raise ProtocolError(f"response for unknown sequence number {message.seq}")
-        if not future.done():
-            future.set_result(message)
+        if isinstance(waiter, asyncio.Future):
+            if not waiter.done():
+                waiter.set_result(message)
+        else:
+            waiter(message, None)  # if it raises, the connection ends (FrameProtocol)
 
     def _on_closed(self, error: BaseException | None) -> None:
         if error is not None:
@@ -171,9 +182,11 @@ class StorageClient:
     def _fail_all(self, error: BaseException) -> None:
         self._closed = error
         pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(StorageConnectionClosed(str(error)))
+        for waiter in pending.values():
+            if not isinstance(waiter, asyncio.Future):
+                waiter(None, StorageConnectionClosed(str(error)))
+            elif not waiter.done():
+                waiter.set_exception(StorageConnectionClosed(str(error)))
 
     def submit(self, request: StorageMessage) -> asyncio.Future[StorageMessage]:
         """Send ``request`` now; the future resolves with its response (Failure included)."""
@@ -185,20 +198,31 @@ class StorageClient:
         return self.submit_parts(seq, [frame])
 
     def submit_parts(self, seq: int, parts: list) -> asyncio.Future[StorageMessage]:
-        """``submit_frame`` for a frame given as buffers written in turn (``frame_parts``):
-        a store session sends one batch to every member without copying it for each."""
-        if self._closed is not None or self._writer.is_closing():
-            raise StorageConnectionClosed(f"storage connection is closed: {self._closed}")
-        try:
-            self._writer.writelines(parts)
-        except RuntimeError as e:  # uvloop: "unable to perform operation on <... closed=True>"
-            raise StorageConnectionClosed(f"storage connection is closed: {e}") from e
+        """``submit_frame`` for a frame given as buffers written in turn (``frame_parts``)."""
+        self._write(parts)
         future = asyncio.get_running_loop().create_future()
         # A request whose caller gave up (a timeout, a session that ended) still fails when
         # the connection closes: retrieve that, or asyncio logs it as never retrieved.
         future.add_done_callback(_retrieve)
         self._pending[seq] = future
         return future
+
+    def send_parts(self, seq: int, parts: list, on_answer: OnAnswer) -> None:
+        """``submit_parts`` answered through ``on_answer`` (see ``OnAnswer``), called as
+        the response's frame is read: no future and no turn of the loop between the two.
+        A store session sends each batch this way to every member, so the batch commits
+        in the turn that reads its quorum's answers. Raises StorageConnectionClosed if the
+        connection is gone."""
+        self._write(parts)
+        self._pending[seq] = on_answer
+
+    def _write(self, parts: list) -> None:
+        if self._closed is not None or self._writer.is_closing():
+            raise StorageConnectionClosed(f"storage connection is closed: {self._closed}")
+        try:
+            self._writer.writelines(parts)
+        except RuntimeError as e:  # uvloop: "unable to perform operation on <... closed=True>"
+            raise StorageConnectionClosed(f"storage connection is closed: {e}") from e
 
     async def call(self, request: StorageMessage) -> StorageMessage:
         """Send and await the response; a Failure response raises StorageFailure."""

@@ -23,6 +23,7 @@ from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import (
     MESSAGE_HEADER,
     FailureResponse,
+    StorageMessage,
     StorageMessageType,
 )
 
@@ -183,21 +184,23 @@ class StoreSession:
                 batch.buf,
             )
             try:
-                future = member.client.submit_parts(seq, parts)
+                member.client.send_parts(
+                    seq, parts, lambda r, e, m=member, b=batch: self._answered(m, b, r, e)
+                )
             except ConnectionError as e:
                 self._failed(member, describe(e))
                 return
-            future.add_done_callback(lambda f, m=member, b=batch: self._answered(m, b, f))
 
-    def _answered(self, member: Member, batch: Batch, future: asyncio.Future) -> None:
-        if future.cancelled():
-            self._failed(member, "request cancelled")
+    def _answered(
+        self,
+        member: Member,
+        batch: Batch,
+        response: StorageMessage | None,
+        error: BaseException | None,
+    ) -> None:
+        if error is not None or response is None:
+            self._failed(member, describe(error) if error else "no response")
             return
-        error = future.exception()
-        if error is not None:
-            self._failed(member, describe(error))
-            return
-        response = future.result()
         if isinstance(response, FailureResponse):
             self._failed(member, str(StorageFailure(response.error, response.message)))
             return
