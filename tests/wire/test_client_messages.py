@@ -670,6 +670,20 @@ FIELD_LAYOUTS = [
             ("Append.checksum", 4),
         ],
     ),
+    (
+        # No locks: the decoder's one-unpack path, whose cuts must name the same fields.
+        AppendRequest(REQ, 9, (), (), (), 7, b"data"),
+        [
+            ("Append.client_high_water_mark", 8),
+            ("Append.write_locks", 4),
+            ("Append.read_locks", 4),
+            ("Append.append_locks", 4),
+            ("Append.header", 4),
+            ("Append.data length", 4),
+            ("Append.data", 4),
+            ("Append.checksum", 4),
+        ],
+    ),
     (FeedRequest(REQ, 1), [("Feed.client_high_water_mark", 8)]),
     (TransactionDataRequest(REQ, 1), [("TransactionData.transaction_id", 8)]),
     (FlushRequest(REQ), []),

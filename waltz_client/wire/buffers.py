@@ -47,6 +47,18 @@ class Reader:
         start = self._take(st.size, what)
         return st.unpack_from(self._buf, start)[0]
 
+    def peek(self, st: struct.Struct) -> tuple | None:
+        """All of ``st``'s fields at the cursor in one unpack, without moving it; None if
+        fewer bytes are left. A fast path for a fixed run of fields: the caller moves on
+        with ``skip``, or reads field by field, whose errors name the field."""
+        if self._end - self.pos < st.size:
+            return None
+        return st.unpack_from(self._buf, self.pos)
+
+    def skip(self, n: int) -> None:
+        """Move past ``n`` bytes that ``peek`` showed are there."""
+        self.pos += n
+
     def u8(self, what: str) -> int:
         return self._unpack(_U8, what)
 

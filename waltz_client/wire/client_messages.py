@@ -133,6 +133,9 @@ def _high_water_mark(r: Reader, what: str) -> int:
 
 
 _NO_HASHES = _I32.pack(0)
+# An Append's fields up to its data when it takes no locks: high-water mark, the three
+# lock counts (0), header, data length.
+_APPEND_WITHOUT_LOCKS = struct.Struct(">qiiiii")
 
 
 def _pack_hashes(hashes: tuple[int, ...]) -> bytes:
@@ -176,6 +179,14 @@ class AppendRequest(ClientMessage):
 
     @classmethod
     def _read_body(cls, r, req_id, max_data_bytes):
+        plain = r.peek(_APPEND_WITHOUT_LOCKS)
+        if plain is not None:
+            hwm, n_write, n_read, n_append, header, length = plain
+            if n_write == n_read == n_append == 0 and hwm >= -1 and 0 <= length <= max_data_bytes:
+                # Most appends take no locks: their fixed fields in one unpack. Anything
+                # else (or anything wrong) is read field by field below, which names it.
+                r.skip(_APPEND_WITHOUT_LOCKS.size)
+                return cls._data(r, req_id, hwm, (), (), (), header, length)
         hwm = _high_water_mark(r, "Append.client_high_water_mark")
         write = _read_hashes(r, "Append.write_locks")
         read = _read_hashes(r, "Append.read_locks")
@@ -184,6 +195,11 @@ class AppendRequest(ClientMessage):
         length = r.i32("Append.data length")
         if length < 0 or length > max_data_bytes:
             raise MalformedMessage(f"Append.data length {length} is outside 0..{max_data_bytes}")
+        return cls._data(r, req_id, hwm, write, read, append, header, length)
+
+    @classmethod
+    def _data(cls, r, req_id, hwm, write, read, append, header, length):
+        """The rest of an Append, from its data: the data and its checked CRC."""
         data = r.raw(length, "Append.data")
         checksum = r.u32("Append.checksum")
         if crc32(data) != checksum:

@@ -49,6 +49,10 @@ class ReqId:
 
     @classmethod
     def read(cls, r: Reader) -> ReqId:
+        fields = r.peek(REQ_ID)  # every message has one: one unpack, not four
+        if fields is not None:
+            r.skip(REQ_ID.size)
+            return cls(*fields)
         return cls(
             r.i32("ReqId.client_id"),
             r.i32("ReqId.generation"),
@@ -71,6 +75,11 @@ class RecordHeader:
 
     @classmethod
     def read(cls, r: Reader) -> RecordHeader:
+        fields = r.peek(RECORD_HEADER)  # a feed carries one a transaction: one unpack
+        if fields is not None:
+            r.skip(RECORD_HEADER.size)
+            txid, client_id, generation, partition_id, seq, header = fields
+            return cls(txid, ReqId(client_id, generation, partition_id, seq), header)
         return cls(
             r.i64("RecordHeader.transaction_id"), ReqId.read(r), r.i32("RecordHeader.header")
         )
