@@ -50,7 +50,7 @@ from waltz_client.wire.errors import (
     ProtocolError,
     UnknownMessageType,
 )
-from waltz_client.wire.framing import FrameDecoder
+from waltz_client.wire.framing import FrameDecoder, encode_frame
 from waltz_client.wire.records import (
     DEFAULT_MAX_DATA_BYTES,
     RECORD_HEADER,
@@ -500,6 +500,27 @@ def test_a_stream_of_messages_round_trips(messages, max_chunk, rnd):
         decoded.extend(decode(t, body) for t, body in decoder.feed(chunk))
     assert decoded == messages
     assert decoder.buffered == 0
+
+
+@given(
+    req_id=st.builds(ReqId, *[st.integers(-(2**31), 2**31 - 1)] * 4),
+    hwm=st.integers(-1, 2**63 - 1),
+    header=st.integers(-(2**31), 2**31 - 1),
+    data=st.binary(max_size=300),
+)
+def test_a_lock_free_append_encodes_as_the_general_frame_does(req_id, hwm, header, data):
+    """Its one-pack encoding is byte for byte the frame of the general layout."""
+    message = AppendRequest(req_id, hwm, (), (), (), header, data)
+    assert message.encode() == encode_frame(message.TYPE, req_id.encode() + message._body())
+    assert message.encode() == encode_frame(
+        message.TYPE,
+        append_body(
+            data,
+            req=(req_id.client_id, req_id.generation, req_id.partition_id, req_id.seq),
+            hwm=hwm,
+            header=header,
+        ),
+    )
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
