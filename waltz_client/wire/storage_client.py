@@ -184,7 +184,10 @@ class StorageClient:
         pending, self._pending = self._pending, {}
         for waiter in pending.values():
             if not isinstance(waiter, asyncio.Future):
-                waiter(None, StorageConnectionClosed(str(error)))
+                try:
+                    waiter(None, StorageConnectionClosed(str(error)))
+                except Exception:  # a bug in one must not keep the others from hearing
+                    log.exception("a storage request's on_answer failed")
             elif not waiter.done():
                 waiter.set_exception(StorageConnectionClosed(str(error)))
 
