@@ -40,7 +40,7 @@ from .wire.client_messages import (
     ClientMessage,
     ErrorCode,
     ErrorResponse,
-    FeedData,
+    FeedRows,
     FeedSuspended,
     FlushRequest,
     FlushResponse,
@@ -206,6 +206,7 @@ class _ServerLink:
                     int(port),
                     on_message=self.client._on_stream_message,
                     open_connection=self.client.open_connection,
+                    feed_rows=True,  # _watch_feed and _deliver read rows
                 )
                 self.stream_seq = self.client._next_connection_seq()
                 conn = self.stream
@@ -480,7 +481,7 @@ class WaltzClient:
         if state is None:
             return
         if (
-            type(m) is FeedData
+            type(m) is FeedRows
             and state.inbox_waiting
             and state.inbox.empty()
             and not (state.apply and self.callbacks is not None)
@@ -523,7 +524,7 @@ class WaltzClient:
 
     async def _handle(self, state: _Partition, m: ClientMessage) -> None:
         match m:
-            case FeedData(req_id=q) if q == state.mount_req and q != state.broken_mount:
+            case FeedRows(req_id=q) if q == state.mount_req and q != state.broken_mount:
                 await self._deliver(state, m)
             case MountResponse(req_id=q, status=status) if q == state.mount_req:
                 if status == MountStatus.READY:
@@ -570,23 +571,25 @@ class WaltzClient:
                 if not future.done():
                     future.set_exception(WaltzError(f"flush: {m.code.name}: {m.message}"))
 
-    def _watch_feed(self, state: _Partition, m: FeedData) -> None:
-        """``_handle`` of a FeedData on a partition not applied by the application: it
-        only settles our own appends, without awaiting anything."""
+    def _watch_feed(self, state: _Partition, m: FeedRows) -> None:
+        """``_handle`` of a feed on a partition not applied by the application: it only
+        settles our own appends, without awaiting anything."""
         if m.req_id != state.mount_req or m.req_id == state.broken_mount:
             return  # an older mount's feed
         before = state.applied
+        own = self.client_id  # every ReqId this client sends carries it
         try:
-            for h in m.headers:
-                txid = h.transaction_id
+            for txid, client_id, generation, partition_id, seq, _ in m.rows:
                 if txid <= state.applied:
                     continue
                 if not self._in_order(state, txid):
                     return
-                resolutions = state.monitor.committed(h.req_id, txid)
                 state.applied = txid
-                if resolutions:
-                    self._resolve(state, resolutions)
+                if client_id == own and state.monitor:
+                    q = ReqId(client_id, generation, partition_id, seq)
+                    resolutions = state.monitor.committed(q, txid)
+                    if resolutions:
+                        self._resolve(state, resolutions)
         finally:
             if state.applied != before:
                 state.applied_changed.set()
@@ -605,19 +608,19 @@ class WaltzClient:
         state.remount.set()
         return False
 
-    async def _deliver(self, state: _Partition, m: FeedData) -> None:
+    async def _deliver(self, state: _Partition, m: FeedRows) -> None:
         callbacks = self.callbacks
         if not state.apply or callbacks is None:
             self._watch_feed(state, m)
             return
-        for h in m.headers:
-            txid = h.transaction_id
+        for txid, client_id, generation, partition_id, seq, header in m.rows:
             if txid <= state.applied:
                 continue  # delivered before this mount's starting point
             if not self._in_order(state, txid):
                 return
-            resolutions = state.monitor.committed(h.req_id, txid)
-            txn = self._transaction(state.partition_id, txid, h.header, h.req_id)
+            q = ReqId(client_id, generation, partition_id, seq)
+            resolutions = state.monitor.committed(q, txid)
+            txn = self._transaction(state.partition_id, txid, header, q)
             try:
                 await self._call(callbacks.apply_transaction, txn)
             except Exception as e:

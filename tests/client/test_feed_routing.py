@@ -16,8 +16,8 @@ import asyncio
 from waltz_client import WaltzClient, WaltzClientCallbacks, WaltzClientConfig
 from waltz_client.client import _Partition, _Submission
 from waltz_client.monitor import Outcome
-from waltz_client.wire.client_messages import FeedData, MountResponse, MountStatus
-from waltz_client.wire.records import RecordHeader, ReqId
+from waltz_client.wire.client_messages import FeedRows, MountResponse, MountStatus
+from waltz_client.wire.records import ReqId
 
 CLIENT = 7
 MOUNT = ReqId(CLIENT, 1, 0, 1)
@@ -31,14 +31,16 @@ class Applies(WaltzClientCallbacks):
         pass
 
 
-def feed(*entries: tuple[int, int]) -> FeedData:
-    """Headers of (transaction ID, append seq) written by this client."""
-    return FeedData(MOUNT, tuple(RecordHeader(t, ReqId(CLIENT, 1, 0, s), 0) for t, s in entries))
+def feed(*entries: tuple[int, int]) -> FeedRows:
+    """Headers of (transaction ID, append seq) written by this client, as its stream
+    connection decodes them."""
+    return FeedRows(MOUNT, tuple((t, CLIENT, 1, 0, s, 0) for t, s in entries))
 
 
 def producer(callbacks: WaltzClientCallbacks | None = None) -> tuple[WaltzClient, _Partition]:
     config = WaltzClientConfig("127.0.0.1:1", feed=callbacks is not None)
     client = WaltzClient(config, callbacks)
+    client.view.client_id = CLIENT  # as start() would have it
     state = _Partition(0, callbacks is not None, asyncio.Semaphore(8))
     state.mount_req = MOUNT
     client._partitions[0] = state
@@ -102,13 +104,34 @@ def test_a_gap_or_an_old_mounts_feed_settles_nothing() -> None:
         client, state = producer()
         attempt = pending(state, 10)
         state.inbox_waiting = True
-        client._on_stream_message(
-            FeedData(ReqId(CLIENT, 0, 0, 1), (RecordHeader(0, ReqId(CLIENT, 1, 0, 10), 0),))
-        )
+        client._on_stream_message(FeedRows(ReqId(CLIENT, 0, 0, 1), ((0, CLIENT, 1, 0, 10, 0),)))
         assert not attempt.done() and state.applied == -1  # an older mount's feed
         client._on_stream_message(feed((0, 9), (2, 10)))  # transaction 1 is missing
         assert state.applied == 0 and state.remount.is_set()
         assert not attempt.done()  # the next mount settles it
         assert state.applied_changed.is_set()  # transaction 0 was taken
+
+    asyncio.run(go())
+
+
+def test_other_clients_transactions_move_the_mark_and_settle_nothing_of_ours() -> None:
+    """A feed carries every client's transactions. Another client's append with the
+    same generation, partition and seq as one of ours is not ours; ours, after it,
+    settles only itself."""
+
+    async def go() -> None:
+        client, state = producer()
+        attempt = pending(state, 10)
+        state.inbox_waiting = True
+        other = CLIENT + 1
+        client._on_stream_message(FeedRows(MOUNT, ((0, other, 1, 0, 10, 0),)))
+        assert state.applied == 0 and not attempt.done()
+        rows = ((1, other, 1, 0, 11, 0), (2, CLIENT, 1, 0, 10, 0))
+        client._on_stream_message(FeedRows(MOUNT, rows))
+        assert state.applied == 2
+        assert (attempt.result().outcome, attempt.result().transaction_id) == (
+            Outcome.COMMITTED,
+            2,
+        )
 
     asyncio.run(go())

@@ -26,6 +26,7 @@ from waltz_client.wire.client_messages import (
     ErrorResponse,
     FeedData,
     FeedRequest,
+    FeedRows,
     FeedSuspended,
     FlushRequest,
     FlushResponse,
@@ -442,6 +443,20 @@ def test_encode_feed_data_matches_the_message_encoder(req_id, headers):
     assert encoded == FeedData(req_id, tuple(headers)).encode()
     decoded = decode_server_response(*one_frame(FeedData(req_id, tuple(headers))))
     assert decoded == FeedData(req_id, tuple(headers))
+
+
+@given(REQ_IDS, st.lists(HEADERS, max_size=50))
+def test_a_feed_decoded_as_rows_is_the_same_feed(req_id, headers):
+    """A client's stream decodes feeds as rows (``feed_rows``): the same headers, the same
+    frame when encoded again."""
+    message = FeedData(req_id, tuple(headers))
+    rows = decode_server_response(*one_frame(message), feed_rows=True)
+    assert type(rows) is FeedRows and rows.req_id == req_id
+    assert rows.headers == message.headers
+    assert rows.encode() == message.encode()
+    # Anything but a feed is decoded as ever.
+    other = FlushResponse(req_id, 7)
+    assert decode_server_response(*one_frame(other), feed_rows=True) == other
 
 
 def test_encode_feed_data_from_struct_packed_headers():

@@ -10,6 +10,7 @@ travels in batches: one frame carries many committed transaction headers.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar
@@ -342,13 +343,39 @@ class FeedData(ClientMessage):
 
     @classmethod
     def _read_body(cls, r, req_id, max_data_bytes):
-        n = r.count("FeedData.count", MAX_FEED_BATCH)
-        raw = r.raw(n * RECORD_HEADER.size, "FeedData.headers")
-        headers = tuple(
-            RecordHeader(t, ReqId(c, g, p, s), h)
-            for t, c, g, p, s, h in RECORD_HEADER.iter_unpack(raw)
-        )
+        headers = tuple(RecordHeader(t, ReqId(c, g, p, s), h) for t, c, g, p, s, h in _feed_rows(r))
         return cls(req_id, headers)
+
+
+# A feed's header as unpacked: transaction ID, the ReqId's four fields, header.
+FeedRow = tuple[int, int, int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FeedRows(ClientMessage):
+    """A FeedData decoded without an object for each header
+    (``decode_server_response(feed_rows=True)``): each row is a ``FeedRow``. A client
+    settles its own appends from its feed, which carries every client's transactions:
+    most rows are someone else's, and need nothing built."""
+
+    TYPE = ClientMessageType.FEED_DATA
+    rows: tuple[FeedRow, ...] = ()
+
+    def _body(self) -> bytes:
+        return _I32.pack(len(self.rows)) + b"".join(RECORD_HEADER.pack(*row) for row in self.rows)
+
+    @property
+    def headers(self) -> tuple[RecordHeader, ...]:
+        return tuple(RecordHeader(t, ReqId(c, g, p, s), h) for t, c, g, p, s, h in self.rows)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        return cls(req_id, tuple(_feed_rows(r)))
+
+
+def _feed_rows(r: Reader) -> Iterator[FeedRow]:
+    n = r.count("FeedData.count", MAX_FEED_BATCH)
+    return RECORD_HEADER.iter_unpack(r.raw(n * RECORD_HEADER.size, "FeedData.headers"))
 
 
 def encode_feed_data(req_id: ReqId, packed_headers: list[bytes]) -> bytes:
@@ -550,10 +577,13 @@ def _decode(
     body: bytes,
     max_data_bytes: int,
     check_records: bool = True,
+    feed_rows: bool = False,
 ) -> ClientMessage:
     cls = table.get(message_type)
     if cls is None:
         raise UnknownMessageType(f"message type {message_type} is not a client {direction}")
+    if cls is FeedData and feed_rows:
+        cls = FeedRows
     r = Reader(body)
     if cls is ReadRangeResponse and not check_records:
         message: ClientMessage = ReadRangeResponse.read_unchecked(r, ReqId.read(r))
@@ -575,7 +605,11 @@ def decode_server_response(
     max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
     *,
     check_records: bool = True,
+    feed_rows: bool = False,
 ) -> ClientMessage:
     """``check_records=False``: a range read's records come as ``UncheckedRecords``, for
-    the reader to check (``UncheckedRecords.check``) where it uses them."""
-    return _decode(SERVER_RESPONSES, "response", message_type, body, max_data_bytes, check_records)
+    the reader to check (``UncheckedRecords.check``) where it uses them. ``feed_rows``: a
+    FeedData comes as ``FeedRows``."""
+    return _decode(
+        SERVER_RESPONSES, "response", message_type, body, max_data_bytes, check_records, feed_rows
+    )

@@ -43,6 +43,7 @@ class ServerConnection:
         max_frame_bytes: int,
         max_data_bytes: int,
         check_records: bool = True,
+        feed_rows: bool = False,
     ) -> None:
         self._writer = writer
         self.endpoint = endpoint
@@ -50,6 +51,7 @@ class ServerConnection:
         self._on_message = on_message or self.messages.put_nowait
         self._max_data_bytes = max_data_bytes
         self._check_records = check_records
+        self._feed_rows = feed_rows
         self.closed_reason: str | None = None
         self.closed_event = asyncio.Event()
         self._out: list[bytes] = []
@@ -71,9 +73,11 @@ class ServerConnection:
         max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
         open_connection: OpenConnection = asyncio.open_connection,
         check_records: bool = True,
+        feed_rows: bool = False,
     ) -> ServerConnection:
         """``check_records=False``: range reads' records arrive unchecked (the caller
-        checks them: ``decode_server_response``)."""
+        checks them: ``decode_server_response``). ``feed_rows``: feeds arrive as
+        ``FeedRows``."""
         endpoint = f"{host}:{port}"
 
         async def dial() -> ServerConnection:
@@ -94,6 +98,7 @@ class ServerConnection:
                 max_frame_bytes,
                 max_data_bytes,
                 check_records,
+                feed_rows,
             )
 
         return await asyncio.wait_for(dial(), timeout)
@@ -134,7 +139,11 @@ class ServerConnection:
     def _on_frame(self, message_type: int, body: bytes | bytearray) -> None:
         self._on_message(
             decode_server_response(
-                message_type, body, self._max_data_bytes, check_records=self._check_records
+                message_type,
+                body,
+                self._max_data_bytes,
+                check_records=self._check_records,
+                feed_rows=self._feed_rows,
             )
         )
 
