@@ -489,7 +489,11 @@ def _decode(
     if cls is None:
         raise UnknownMessageType(f"message type {message_type} is not a storage {direction}")
     r = Reader(body)
-    head = (r.i64("session id"), r.i64("sequence number"), r.i32("partition id"))
+    head = r.peek(MESSAGE_HEADER)  # every message starts so: one unpack, not three
+    if head is not None:
+        r.skip(MESSAGE_HEADER.size)
+    else:  # cut short: read field by field, which names the field
+        head = (r.i64("session id"), r.i64("sequence number"), r.i32("partition id"))
     message = cls._read_body(r, head, limits)
     r.expect_end(cls.__name__)
     return message
