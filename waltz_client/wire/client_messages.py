@@ -10,7 +10,7 @@ travels in batches: one frame carries many committed transaction headers.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar
@@ -19,6 +19,7 @@ from .buffers import Reader, pack_string
 from .errors import ChecksumMismatch, MalformedMessage, UnknownMessageType
 from .framing import encode_frame, frame_parts
 from .records import (
+    CRC,
     DEFAULT_MAX_DATA_BYTES,
     RECORD_HEADER,
     RecordBatch,
@@ -139,7 +140,6 @@ _NO_HASHES = _I32.pack(0)
 _APPEND_WITHOUT_LOCKS = struct.Struct(">qiiiii")
 # Its whole frame up to the data: frame length and type, ReqId, then the fields above.
 _APPEND_FRAME_WITHOUT_LOCKS = struct.Struct(">IB" + "iiii" + _APPEND_WITHOUT_LOCKS.format[1:])
-_U32 = struct.Struct(">I")
 
 
 def _pack_hashes(hashes: tuple[int, ...]) -> bytes:
@@ -191,7 +191,7 @@ class AppendRequest(ClientMessage):
                     len(data),
                 ),
                 data,
-                _U32.pack(crc32(data)),
+                CRC.pack(crc32(data)),
             )
         )
 
@@ -343,8 +343,7 @@ class FeedData(ClientMessage):
 
     @classmethod
     def _read_body(cls, r, req_id, max_data_bytes):
-        headers = tuple(RecordHeader(t, ReqId(c, g, p, s), h) for t, c, g, p, s, h in _feed_rows(r))
-        return cls(req_id, headers)
+        return cls(req_id, _headers(_feed_rows(r)))
 
 
 # A feed's header as unpacked: transaction ID, the ReqId's four fields, header.
@@ -366,11 +365,15 @@ class FeedRows(ClientMessage):
 
     @property
     def headers(self) -> tuple[RecordHeader, ...]:
-        return tuple(RecordHeader(t, ReqId(c, g, p, s), h) for t, c, g, p, s, h in self.rows)
+        return _headers(self.rows)
 
     @classmethod
     def _read_body(cls, r, req_id, max_data_bytes):
         return cls(req_id, tuple(_feed_rows(r)))
+
+
+def _headers(rows: Iterable[FeedRow]) -> tuple[RecordHeader, ...]:
+    return tuple(RecordHeader(t, ReqId(c, g, p, s), h) for t, c, g, p, s, h in rows)
 
 
 def _feed_rows(r: Reader) -> Iterator[FeedRow]:
