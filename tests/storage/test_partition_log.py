@@ -95,9 +95,12 @@ def check_segments(log: PartitionLog, directory: Path) -> None:
         assert a.size >= log.segment_bytes
         assert a.offsets[-1] < log.segment_bytes or a.count == 1
     assert segment_files(directory) == [s.first_txid for s in segs]
-    assert log.size_bytes == sum(
-        (directory / f"{s.first_txid:019d}.seg").stat().st_size for s in segs
-    )
+    files = [directory / f"{s.first_txid:019d}.seg" for s in segs]
+    # Sealed segments are cut to their records; the active one has zeros written ahead.
+    assert [f.stat().st_size for f in files[:-1]] == [s.size for s in segs[:-1]]
+    ahead = files[-1].read_bytes()[segs[-1].size :]
+    assert ahead == bytes(len(ahead))
+    assert log.size_bytes == sum(s.size for s in segs)
     for s in segs:
         report = verify_segment(str(directory / f"{s.first_txid:019d}.seg"))
         assert report.ok, report.problems

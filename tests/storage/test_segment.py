@@ -8,6 +8,7 @@ byte), and the log is reopened as a restarted node would reopen it.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -236,13 +237,19 @@ def test_checkpoints_fsync_the_index_every_1000_entries(
     log = open_log(tmp_path)
     index_ino = os.stat(idx_path(tmp_path, 0)).st_ino
     synced: list[int] = []
-    real_fsync = os.fsync
+    data_synced: list[int] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
     def counting_fsync(fd: int) -> None:
         synced.append(os.fstat(fd).st_ino)
         real_fsync(fd)
 
+    def counting_fdatasync(fd: int) -> None:
+        data_synced.append(os.fstat(fd).st_ino)
+        real_fdatasync(fd)
+
     monkeypatch.setattr(os, "fsync", counting_fsync)
+    monkeypatch.setattr(os, "fdatasync", counting_fdatasync)
     index_syncs = []
     try:
         recs = make_records(0, 2600, size=0)
@@ -252,8 +259,9 @@ def test_checkpoints_fsync_the_index_every_1000_entries(
             index_syncs.append(synced.count(index_ino))
     finally:
         log.close()
-    # One data fsync per sync; the index is fsync'd when the count reaches 1000 and 2000.
-    assert len(synced) - synced.count(index_ino) == 13
+    # One data fdatasync per sync; the index is fsync'd when the count reaches 1000 and 2000.
+    assert len(data_synced) == 13 and index_ino not in data_synced
+    assert synced == [index_ino] * 2
     assert index_syncs == [0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2]
 
 
@@ -426,12 +434,15 @@ def test_a_cut_at_every_byte_of_the_last_record_recovers_to_the_record_before(
         try:
             assert_log_holds(log, recs[:-1])
             assert seg_path(work, first).stat().st_size == last_offset
-            if cut > last_offset:
+            # Zeros after the records are free space (the first bytes of a head are the
+            # transaction ID's zero high bytes): the torn tail ends at the last non-zero.
+            torn = len(seg_path(src, first).read_bytes()[last_offset:cut].rstrip(b"\0"))
+            if torn:
                 (message,) = [r.getMessage() for r in caplog.records if "torn" in r.getMessage()]
-                assert f"cutting {cut - last_offset} bytes of torn tail" in message
+                assert f"cutting {torn} bytes of torn tail" in message
                 assert f"now ends at transaction {len(recs) - 2}" in message
                 assert f"transaction {len(recs) - 1}" in message
-            else:  # a cut exactly between records is a clean end
+            else:  # a cut exactly between records (or zeros after them) is a clean end
                 assert not [r for r in caplog.records if "torn" in r.getMessage()]
             # Appending continues with the next transaction ID.
             log.append(RecordBatch.from_records(replacement))
@@ -627,17 +638,38 @@ def zero_from(path: Path, offset: int) -> None:
         f.write(bytes(size - offset))
 
 
-def test_the_torn_window_is_measured_from_the_damage_to_the_end(tmp_path: Path) -> None:
+def test_the_torn_window_is_measured_from_the_damage_to_the_last_non_zero_byte(
+    tmp_path: Path,
+) -> None:
     recs = make_records(0, 20, size=24)
     (offsets,) = build_log(tmp_path, recs, batch=20)
     drop_index_entries(tmp_path, 0, 15)  # records 15.. were the last, unindexed write group
-    zero_from(seg_path(tmp_path, 0), offsets[15] + HEAD_BYTES + 1)
-    after = seg_path(tmp_path, 0).stat().st_size - offsets[15]  # 5 records
+    seg = seg_path(tmp_path, 0)
+    pristine = seg.read_bytes()
+    zero_from(seg, offsets[15] + HEAD_BYTES + 1)
+    with open(seg, "r+b") as f:  # one byte of the write group's end reached the disk
+        f.seek(len(pristine) - 1)
+        f.write(b"\xff")
+    after = len(pristine) - offsets[15]  # 5 records
     with pytest.raises(CorruptSegment, match=f"with {after} bytes after it"):
         open_log(tmp_path, max_torn_bytes=after - 1)
     log = open_log(tmp_path, max_torn_bytes=after)
     try:
         assert_log_holds(log, recs[:15])
+    finally:
+        log.close()
+
+    # Zeros to the end of the file are space written ahead of the records, not part of
+    # the window: it ends at the last non-zero byte, in the head of transaction 15.
+    seg.write_bytes(pristine)
+    zero_from(seg, offsets[15] + HEAD_BYTES + 1)
+    head_end = len(pristine[offsets[15] : offsets[15] + HEAD_BYTES + 1].rstrip(b"\0"))
+    with pytest.raises(CorruptSegment, match=f"with {head_end} bytes after it"):
+        open_log(tmp_path, max_torn_bytes=head_end - 1)
+    log = open_log(tmp_path, max_torn_bytes=head_end)
+    try:
+        assert_log_holds(log, recs[:15])
+        assert seg.stat().st_size == offsets[15]
     finally:
         log.close()
 
@@ -913,3 +945,96 @@ def test_a_cut_through_several_synced_records_is_corruption(tmp_path: Path) -> N
     os.truncate(seg_path(tmp_path, 0), offsets[10] + 7)
     with pytest.raises(CorruptSegment, match="synced"):
         open_log(tmp_path, max_torn_bytes=1 << 20)
+
+
+# --- zeros written ahead of the records -----------------------------------------------------
+
+
+def test_the_active_segment_has_zeros_ahead_and_a_clean_close_cuts_them(tmp_path: Path) -> None:
+    recs = make_records(0, 300, max_size=40)
+    log = open_log(tmp_path)
+    try:
+        log.append(RecordBatch.from_records(recs))
+        log.sync()
+        end = expected_offsets(recs)[-1] + OVERHEAD + len(recs[-1].data)
+        data = seg_path(tmp_path, 0).read_bytes()
+        assert len(data) - end >= segmod.PREALLOCATE_AHEAD
+        assert data[end:] == bytes(len(data) - end)
+        report = verify_segment(str(seg_path(tmp_path, 0)))  # verify reads it open, too
+        assert report.ok and report.records == 300, report.problems
+    finally:
+        log.close()
+    assert seg_path(tmp_path, 0).stat().st_size == end
+    assert_all_segments_verify(tmp_path)
+
+
+def test_zeros_a_crash_left_after_the_records_are_free_space(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node killed with zeros ahead of its records reopens with every record, warns of no
+    damage, cuts the zeros and appends where the records end."""
+    recs = make_records(0, 120, max_size=40)
+    log = open_log(tmp_path / "live")
+    try:
+        log.append(RecordBatch.from_records(recs[:100]))
+        log.sync()
+        shutil.copytree(tmp_path / "live", tmp_path / "crashed")  # the files, unclosed
+    finally:
+        log.close()
+    crashed = tmp_path / "crashed"
+    end = expected_offsets(recs)[100]
+    assert seg_path(crashed, 0).stat().st_size > end
+    with caplog.at_level(logging.INFO, logger="waltz_storage"):
+        log = open_log(crashed, max_torn_bytes=64)
+    try:
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert_log_holds(log, recs[:100])
+        assert seg_path(crashed, 0).stat().st_size == end
+        log.append(RecordBatch.from_records(recs[100:]))
+        log.sync()
+        assert_log_holds(log, recs)
+    finally:
+        log.close()
+    assert_all_segments_verify(crashed)
+
+
+def test_synced_records_that_read_as_zeros_are_still_corruption(tmp_path: Path) -> None:
+    """Zeros are free space only after the records: three records the index shows were
+    synced, zeroed to the end of the file, are acknowledged data gone missing."""
+    recs = make_records(0, 20, size=24)
+    (offsets,) = build_log(tmp_path, recs, batch=5)
+    zero_from(seg_path(tmp_path, 0), offsets[17])
+    with pytest.raises(CorruptSegment, match="3 entries past it"):
+        open_log(tmp_path, max_torn_bytes=1 << 20)
+
+
+def test_a_full_disk_stops_the_zeros_but_not_the_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Zeros ahead are only a speed-up: when they cannot be written the file ends at its
+    records, appends extend it, and the next try waits for another step of records."""
+    real_pwrite = os.pwrite
+    zero_writes = []
+
+    def no_room_for_zeros(fd: int, data, offset: int) -> int:
+        if data is segmod._ZEROS:
+            zero_writes.append(offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    recs = make_records(0, 400, size=100)
+    log = open_log(tmp_path)
+    try:
+        monkeypatch.setattr(os, "pwrite", no_room_for_zeros)
+        with caplog.at_level(logging.INFO, logger="waltz_storage.segment"):
+            for i in range(0, 400, 20):
+                log.append(RecordBatch.from_records(recs[i : i + 20]))
+                log.sync()
+        assert_log_holds(log, recs)
+        end = expected_offsets(recs)[-1] + OVERHEAD + 100
+        assert seg_path(tmp_path, 0).stat().st_size == end
+        assert len(zero_writes) == 1  # 40 KiB of records: under a step, so no second try
+        assert "cannot write zeros ahead" in caplog.text
+    finally:
+        log.close()
+    assert_all_segments_verify(tmp_path)

@@ -7,6 +7,7 @@ import errno
 import os
 import random
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from waltz_client.wire.storage_messages import (
 )
 from waltz_storage.control_file import ControlFile
 from waltz_storage.inspect import segment_paths, verify_segment
+from waltz_storage.segment import HEADER_BYTES, scan_records
 from waltz_storage.service import EngineSettings, PartitionService, StorageNode
 
 KEY = uuid.UUID("c0ffee00-1111-4222-8333-444455556666")
@@ -93,20 +95,24 @@ def error_metric(node: StorageNode, error: StorageError) -> float:
 
 
 def count_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Count os.fsync calls (by the name of the file synced) from now on."""
+    """Count os.fsync and os.fdatasync calls (by the name of the file synced) from now on."""
     calls: list[str] = []
-    real = os.fsync
 
-    def counting(fd: int) -> None:
-        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
+    def counting(real: Callable[[int], None]) -> Callable[[int], None]:
+        def sync(fd: int) -> None:
+            calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
 
-    monkeypatch.setattr(os, "fsync", counting)
+        return sync
+
+    monkeypatch.setattr(os, "fsync", counting(os.fsync))
+    monkeypatch.setattr(os, "fdatasync", counting(os.fdatasync))
     return calls
 
 
 def fail_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make every os.fsync fail with EIO from now on (until monkeypatch.undo)."""
+    """Make every os.fsync and os.fdatasync fail with EIO from now on (until
+    monkeypatch.undo)."""
     calls: list[int] = []
 
     def failing(fd: int) -> None:
@@ -114,6 +120,7 @@ def fail_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", failing)
+    monkeypatch.setattr(os, "fdatasync", failing)
     return calls
 
 
@@ -876,6 +883,15 @@ def test_snapshot_reports_the_partition_state(tmp_path: Path) -> None:
             3,
         )
         assert snap["available"] == 1
-        assert snap["size_bytes"] == (tmp_path / "0" / "0000000000000000000.seg").stat().st_size
+        # The records' bytes, not the zeros written ahead of them.
+        path = tmp_path / "0" / "0000000000000000000.seg"
+        size, data = snap["size_bytes"], path.read_bytes()
+        assert data[size:] == bytes(len(data) - size) != b""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            offsets, end, problem = scan_records(fd, HEADER_BYTES, size, 0)
+        finally:
+            os.close(fd)
+        assert (len(offsets), end, problem) == (7, size, None)
     finally:
         node.close()

@@ -32,6 +32,7 @@ from .segment import (
     RECORD_HEAD,
     RECORD_HEAD_BYTES,
     decode_header,
+    end_of_data,
     scan_records,
 )
 
@@ -84,6 +85,9 @@ def verify_segment(path: str) -> SegmentReport:
         report.first_txid = first
         size = os.fstat(fd).st_size
         offsets, offset, problem = scan_records(fd, SEGMENT_HEADER_BYTES, size, first)
+        if problem is not None:  # zeros after the records are space written ahead of them
+            size = end_of_data(fd, offset, size)
+            problem = problem if size > offset else None
         if problem is not None:
             report.problems.append(
                 f"transaction {first + len(offsets)} at offset {offset}: {problem} "

@@ -14,6 +14,8 @@ The rules:
   replica acknowledged as committed. A log that ends below it, for any reason
   (a missing segment, damage, a cut file), is refused: never cut, never served.
 - Segments follow each other from transaction 0 without gaps.
+- Zeros after the last record are space the segment wrote ahead of its records:
+  the file is taken to end at its last non-zero byte.
 - Only the last write group can be torn by a crash, at the end of the last
   segment. Damage is a torn tail, which may be cut, only when it is in the last
   segment, within one write group (``max_torn_bytes``) of the end of the file,
@@ -73,7 +75,7 @@ class SegmentScan:
     first_txid: int
     header: bytes
     created_ms: int
-    size: int
+    size: int  # where the file's non-zero bytes end: its records' end unless damaged
     offsets: array  # of every valid record, up to the damage if any
     hints: array  # the .idx entries: each was written after its record's fsync
     index_note: str | None  # why the .idx gives no entries at all (missing, other header)
@@ -306,6 +308,12 @@ def scan_segment(
         size = os.fstat(fd).st_size
         hints, note = read_index(stem + ".idx", header)
         offsets, pos, problem = seg.scan_records(fd, HEADER_BYTES, size, first_txid)
+        if problem is not None:
+            # Zeros after the records are space written ahead of them (segment.py), not
+            # part of the file: damage is judged against the file's last non-zero byte.
+            size = seg.end_of_data(fd, pos, size)
+            if size == pos:
+                problem = None
         where = (
             f"partition {partition_id} segment {os.path.basename(path)}: "
             f"{problem or 'the file ends'} at offset {pos} "
