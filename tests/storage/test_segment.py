@@ -952,7 +952,7 @@ def test_a_cut_through_several_synced_records_is_corruption(tmp_path: Path) -> N
 
 def test_the_active_segment_has_zeros_ahead_and_a_clean_close_cuts_them(tmp_path: Path) -> None:
     recs = make_records(0, 300, max_size=40)
-    log = open_log(tmp_path)
+    log = open_log(tmp_path, segment_bytes=1 << 30)
     try:
         log.append(RecordBatch.from_records(recs))
         log.sync()
@@ -1017,7 +1017,7 @@ def test_a_full_disk_stops_the_zeros_but_not_the_appends(
     zero_writes = []
 
     def no_room_for_zeros(fd: int, data, offset: int) -> int:
-        if data is segmod._ZEROS:
+        if isinstance(data, memoryview) and data.obj is segmod._ZEROS.obj:
             zero_writes.append(offset)
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_pwrite(fd, data, offset)
@@ -1035,6 +1035,24 @@ def test_a_full_disk_stops_the_zeros_but_not_the_appends(
         assert seg_path(tmp_path, 0).stat().st_size == end
         assert len(zero_writes) == 1  # 40 KiB of records: under a step, so no second try
         assert "cannot write zeros ahead" in caplog.text
+    finally:
+        log.close()
+    assert_all_segments_verify(tmp_path)
+
+
+def test_zeros_stop_where_the_segment_will_roll(tmp_path: Path) -> None:
+    """A small segment gets zeros only up to its size limit, so retention's arithmetic
+    over segment sizes holds for the files on disk too."""
+    recs = make_records(0, 60, size=100)
+    log = open_log(tmp_path, segment_bytes=4096)
+    try:
+        for i in range(0, 60, 6):
+            log.append(RecordBatch.from_records(recs[i : i + 6]))
+            log.sync()
+            active = seg_path(tmp_path, log.segments[-1].first_txid)
+            assert active.stat().st_size == max(4096, log.segments[-1].size)
+        assert len(log.segments) > 1
+        assert_log_holds(log, recs)
     finally:
         log.close()
     assert_all_segments_verify(tmp_path)

@@ -149,7 +149,7 @@ class PartitionLog:
                 stop += 1
             out = bytearray()
             sizes = wire_to_disk(batch, start, stop, out)
-            active.write(out, sizes)
+            active.write(out, sizes, zeros_until=self.segment_bytes)
             start = stop
 
     def sync(self, sync_data: Callable[[int], None] | None = None) -> None:

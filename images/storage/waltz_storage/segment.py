@@ -63,7 +63,7 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # on first write. Measured here (docs/benchmarks.md): 1 partition at C=16, +12%.
 PREALLOCATE_STEP = 1024 * 1024  # zero bytes written at a time
 PREALLOCATE_AHEAD = 1024 * 1024  # a new step once the zeros ahead of the records are fewer
-_ZEROS = bytes(PREALLOCATE_STEP)
+_ZEROS = memoryview(bytes(PREALLOCATE_STEP))
 
 
 def segment_stem(first_txid: int) -> str:
@@ -359,8 +359,11 @@ class Segment:
 
     # --- writes -------------------------------------------------------------------------
 
-    def write(self, data: bytes | bytearray, record_sizes: list[int]) -> None:
-        """Write whole records at the end of the file (no fsync), one offset per record size."""
+    def write(
+        self, data: bytes | bytearray, record_sizes: list[int], zeros_until: int = 2**62
+    ) -> None:
+        """Write whole records after the last (no fsync), one offset per record size; then
+        zeros ahead of them, up to offset ``zeros_until`` (where the segment will roll)."""
         start = self.size
         try:
             view = memoryview(data)
@@ -384,14 +387,16 @@ class Segment:
         self._allocated = max(self._allocated, pos)
         self._dirty = True
         if self._allocated - pos < PREALLOCATE_AHEAD and pos >= self._preallocate_from:
-            self._preallocate()
+            self._preallocate(min(PREALLOCATE_STEP, zeros_until - self._allocated))
 
-    def _preallocate(self) -> None:
-        """Write ``PREALLOCATE_STEP`` zeros after the end of the file; the next sync makes
-        them durable with the records. Only a speed-up: on a full disk the file ends at its
+    def _preallocate(self, count: int) -> None:
+        """Write ``count`` zeros after the end of the file; the next sync makes them
+        durable with the records. Only a speed-up: on a full disk the file ends at its
         records, appends extend it, and the next try waits for another step of records."""
+        if count <= 0:
+            return
         try:
-            self._allocated += os.pwrite(self._data_fd, _ZEROS, self._allocated)
+            self._allocated += os.pwrite(self._data_fd, _ZEROS[:count], self._allocated)
         except OSError as e:
             self._preallocate_from = self.size + PREALLOCATE_STEP
             log.info("%s: cannot write zeros ahead of the records (%s)", self.data_path, e)
