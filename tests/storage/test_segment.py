@@ -962,6 +962,8 @@ def test_the_active_segment_has_zeros_ahead_and_a_clean_close_cuts_them(tmp_path
         assert data[end:] == bytes(len(data) - end)
         report = verify_segment(str(seg_path(tmp_path, 0)))  # verify reads it open, too
         assert report.ok and report.records == 300, report.problems
+        dumped = read_records(str(seg_path(tmp_path, 0)))  # and so does dump
+        assert [(record, problem) for _, record, problem in dumped] == [(r, None) for r in recs]
     finally:
         log.close()
     assert seg_path(tmp_path, 0).stat().st_size == end
