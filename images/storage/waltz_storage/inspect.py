@@ -32,8 +32,7 @@ from .segment import (
     RECORD_HEAD,
     RECORD_HEAD_BYTES,
     decode_header,
-    end_of_data,
-    scan_records,
+    scan_segment_file,
 )
 
 _SEGMENT_NAME = re.compile(r"^(\d{19})\.seg$")
@@ -84,10 +83,7 @@ def verify_segment(path: str) -> SegmentReport:
             return report
         report.first_txid = first
         size = os.fstat(fd).st_size
-        offsets, offset, problem = scan_records(fd, SEGMENT_HEADER_BYTES, size, first)
-        if problem is not None:  # zeros after the records are space written ahead of them
-            size = end_of_data(fd, offset, size)
-            problem = problem if size > offset else None
+        offsets, offset, problem, size = scan_segment_file(fd, size, first)
         if problem is not None:
             report.problems.append(
                 f"transaction {first + len(offsets)} at offset {offset}: {problem} "
@@ -240,9 +236,7 @@ def read_records(
     _, _, _, _, first = decode_header(data[:SEGMENT_HEADER_BYTES], path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        offsets, end, problem = scan_records(fd, SEGMENT_HEADER_BYTES, len(data), first)
-        if problem is not None and end_of_data(fd, end, len(data)) == end:
-            problem = None  # only zeros written ahead of the records follow
+        offsets, end, problem, _ = scan_segment_file(fd, len(data), first)
     finally:
         os.close(fd)
     start = 0 if from_txid is None else max(0, from_txid - first)

@@ -307,13 +307,9 @@ def scan_segment(
             )
         size = os.fstat(fd).st_size
         hints, note = read_index(stem + ".idx", header)
-        offsets, pos, problem = seg.scan_records(fd, HEADER_BYTES, size, first_txid)
-        if problem is not None:
-            # Zeros after the records are space written ahead of them (segment.py), not
-            # part of the file: damage is judged against the file's last non-zero byte.
-            size = seg.end_of_data(fd, pos, size)
-            if size == pos:
-                problem = None
+        # Zeros after the records are space written ahead of them, not part of the file:
+        # damage is judged against the file's last non-zero byte.
+        offsets, pos, problem, size = seg.scan_segment_file(fd, size, first_txid)
         where = (
             f"partition {partition_id} segment {os.path.basename(path)}: "
             f"{problem or 'the file ends'} at offset {pos} "

@@ -537,6 +537,17 @@ def _cut_short(length: int, follow: int) -> str:
     return f"record cut short (head says {length} data bytes, {follow} follow)"
 
 
+def scan_segment_file(fd: int, size: int, first_txid: int) -> tuple[array, int, str | None, int]:
+    """``scan_records`` from the header to ``size``, taking the zeros written ahead of the
+    records as free space: (offsets, where the valid records stop, why they stop there or
+    None at the end of the records, where the file's non-zero bytes end)."""
+    offsets, pos, problem = scan_records(fd, HEADER_BYTES, size, first_txid)
+    if problem is None:
+        return offsets, pos, None, pos
+    end = end_of_data(fd, pos, size)
+    return offsets, pos, problem if end > pos else None, end
+
+
 def scan_records(fd: int, pos: int, size: int, expected_txid: int) -> tuple[array, int, str | None]:
     """Check every record from ``pos``: (their offsets, where the valid records stop, and
     why they stop there: ``check_record``'s problem, or None at the end of the file).
