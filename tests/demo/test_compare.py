@@ -71,6 +71,17 @@ def test_bad_sweep_arguments_are_refused(args: list[str]) -> None:
     assert "waltz bench: error:" in result.stdout
 
 
+def test_sweep_options_without_compare_are_refused() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "waltz_client.cli", "bench", "--runs", "3", "--no-zookeeper"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--runs, --no-zookeeper only apply with --compare" in result.stdout
+
+
 def test_a_small_sweep_on_a_real_cluster(tmp_path, zookeeper_available) -> None:
     out = tmp_path / "cells.json"
     result = waltz(

@@ -55,7 +55,7 @@ def register(groups: argparse._SubParsersAction) -> None:
         help="ZooKeeper ensemble size (default 3, replicated like a waltz partition)",
     )
     c.add_argument("--json", metavar="PATH", help="also write every cell as JSON")
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, sweep_defaults={n: p.get_default(n) for n in SWEEP_ONLY})
 
 
 class _Put(TransactionContext):
@@ -185,11 +185,28 @@ async def _consume(args, cluster: LocalCluster, total: int) -> dict:
     }
 
 
+# Options of the sweep alone, by their argparse names.
+SWEEP_ONLY = (
+    "compare_concurrency",
+    "compare_partitions",
+    "seconds",
+    "runs",
+    "no_zookeeper",
+    "zookeeper_members",
+    "json",
+)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.compare:
         from .compare import cmd_compare
 
         return cmd_compare(args)
+    given = [n for n in SWEEP_ONLY if getattr(args, n) != args.sweep_defaults[n]]
+    if given:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        print(f"waltz bench: error: {flags} only apply with --compare (the sweep)")
+        return 2
     names = ("transactions", "partitions", "clients", "concurrency", "consumers")
     if not check_at_least_one("waltz bench", args, *names):
         return 2
