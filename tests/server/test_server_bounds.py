@@ -150,7 +150,8 @@ def test_a_flood_of_feeds_or_mounts_on_one_connection_is_capped(cluster):
         mounted = [a for a in answers if isinstance(a, MountResponse)]
         assert all(a.code == ErrorCode.LIMIT_EXCEEDED for a in limited)
         assert "max_feeds" in limited[0].message
-        assert all(m.status == MountStatus.READY for m in mounted)
+        not_ready = [(m.req_id, m.status.name) for m in mounted if m.status != MountStatus.READY]
+        assert not not_ready, f"{len(not_ready)} mounts not READY, e.g. {not_ready[:3]}"
         assert (len(mounted), len(limited)) == (1024, 2 * floods - 1024)
         await still_served(cluster, 0)
         assert mounted_clients(cluster) >= 1024
