@@ -1058,3 +1058,22 @@ def test_zeros_stop_where_the_segment_will_roll(tmp_path: Path) -> None:
     finally:
         log.close()
     assert_all_segments_verify(tmp_path)
+
+
+def test_a_large_write_adds_no_zeros_after_it(tmp_path: Path) -> None:
+    """A write group of ZEROS_FOR_WRITES_UNDER bytes or more is appended as it is: the
+    next such group would overwrite zeros written after it at once."""
+    large = make_records(0, 300, size=1000)  # about 312 KiB on disk
+    small = make_records(300, 10, size=100)
+    assert sum(OVERHEAD + len(r.data) for r in large) >= segmod.ZEROS_FOR_WRITES_UNDER
+    log = open_log(tmp_path, segment_bytes=1 << 30)
+    try:
+        log.append(RecordBatch.from_records(large))
+        log.sync()
+        assert seg_path(tmp_path, 0).stat().st_size == log.segments[-1].size
+        log.append(RecordBatch.from_records(small))
+        log.sync()
+        assert seg_path(tmp_path, 0).stat().st_size > log.segments[-1].size  # zeros ahead
+        assert_log_holds(log, large + small)
+    finally:
+        log.close()
