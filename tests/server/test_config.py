@@ -52,6 +52,7 @@ DEFAULTS = {
     "checkpoint_interval": 1_000_000,
     "retention_interval": 60.0,
     "storage_timeout": 5.0,
+    "shared_storage_connections": True,
     "catch_up_inline_records": 5_000,
     "catch_up_rate": 128 * MiB,
     "client_write_buffer_bytes": 4 * MiB,

@@ -67,6 +67,7 @@ from waltz_server.catch_up import CatchUpSettings
 from waltz_server.connection import ClientConnectionHandler
 from waltz_server.partition import Partition, PartitionSettings
 from waltz_server.recovery_manager import MetadataConflict, RecoveryContext
+from waltz_server.storage_pool import StoragePool
 
 PARTITION = 0
 STORAGES = ("s0", "s1", "s2", "s3")  # the partition's replica set is three or four of them
@@ -142,6 +143,12 @@ class SimServer:
         self.session_expired = False  # its ZooKeeper session ended; it has not noticed
         self.cut_since: float | None = None
         world.net.listen(name, self.address, self._new_connection)
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> StoragePool:
+        """The server's shared storage connections (one set an incarnation)."""
+        world = self.world
+        return StoragePool(lambda host, port: open_stream(world.net, self.name, host, port))
 
     def zk_ok(self) -> bool:
         return self.up and not self.session_expired and self.cut_since is None
@@ -176,6 +183,7 @@ class SimServer:
             max_in_flight=4,
             catch_up=CatchUpSettings(inline_records=4, chunk_records=5, rate=0),
             open_connection=lambda host, port: open_stream(world.net, self.name, host, port),
+            pool=self.pool,
         )
         partition = Partition(
             context,
@@ -202,6 +210,8 @@ class SimServer:
         for p in list(self.partitions):
             self.world.spawn(self.partitions.pop(p).stop("crashed"))
         self.connections.clear()
+        self.world.spawn(self.pool.close())
+        self.pool = self._new_pool()
 
 
 # --- clients --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import struct
 import uuid
 from collections.abc import Callable
 
+from .corked import CorkedWriter
 from .errors import HandshakeError, ProtocolError
 from .frame_protocol import FrameProtocol
 from .framing import (
@@ -90,8 +91,12 @@ class StorageClient:
         version: int,
         max_frame_bytes: int,
         limits: Limits,
+        corked: bool = False,
     ) -> None:
         self._writer = writer
+        # Corked: the requests of one loop turn leave in one system call (a connection
+        # shared by a server's partitions, storage_pool.py).
+        self._cork = CorkedWriter(writer.transport) if corked else None
         self.version = version
         self._limits = limits
         # Who waits for each request's response: a future (``submit``) or a call
@@ -116,8 +121,10 @@ class StorageClient:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         limits: Limits = DEFAULT_LIMITS,
         open_connection: OpenConnection = asyncio.open_connection,
+        corked: bool = False,
     ) -> StorageClient:
-        """``open_connection``: how to reach ``host:port`` (a simulated network in tests)."""
+        """``open_connection``: how to reach ``host:port`` (a simulated network in tests);
+        ``corked``: requests written in one turn of the loop leave in one system call."""
 
         async def dial() -> StorageClient:
             reader, writer = await open_connection(host, port)
@@ -143,7 +150,7 @@ class StorageClient:
                     f"storage {host}:{port} chose protocol version "
                     f"{reply.version}, which this client does not speak"
                 )
-            return cls(writer, reply.version, max_frame_bytes, limits)
+            return cls(writer, reply.version, max_frame_bytes, limits, corked)
 
         return await asyncio.wait_for(dial(), timeout)
 
@@ -223,7 +230,10 @@ class StorageClient:
         if self._closed is not None or self._writer.is_closing():
             raise StorageConnectionClosed(f"storage connection is closed: {self._closed}")
         try:
-            self._writer.writelines(parts)
+            if self._cork is not None:
+                self._cork.writelines(parts)
+            else:
+                self._writer.writelines(parts)
         except RuntimeError as e:  # uvloop: "unable to perform operation on <... closed=True>"
             raise StorageConnectionClosed(f"storage connection is closed: {e}") from e
 
@@ -236,7 +246,14 @@ class StorageClient:
             raise StorageFailure(response.error, response.message)
         return response
 
+    def close_soon(self) -> None:
+        """Start closing now (from a callback that cannot await): every pending request
+        fails with StorageConnectionClosed once the transport is gone."""
+        self._writer.close()
+
     async def close(self) -> None:
+        if self._cork is not None and not self._writer.is_closing():
+            self._cork.flush()  # what was written still goes, as without the cork
         self._writer.close()
         with contextlib.suppress(OSError):
             # Shielded: one wait shared by every close() of this client; a cancelled

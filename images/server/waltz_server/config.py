@@ -124,6 +124,12 @@ SETTINGS = (
         "seconds to wait for a storage node to connect and answer during recovery",
     ),
     Setting(
+        "shared_storage_connections",
+        boolean,
+        True,
+        "one connection a storage node for all partitions' appends (false: one a partition)",
+    ),
+    Setting(
         "catch_up_inline_records",
         int_in(0, 2**31 - 1),
         5_000,
@@ -239,6 +245,7 @@ class ServerConfig:
     checkpoint_interval: int
     retention_interval: float
     storage_timeout: float
+    shared_storage_connections: bool
     catch_up_inline_records: int
     catch_up_rate: int
     client_write_buffer_bytes: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -35,6 +35,13 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        storage_connections = Gauge(
+            "waltz_server_storage_connections",
+            "Open connections to storage nodes shared by the partitions' store sessions "
+            "(one a node; 0 with shared_storage_connections off)",
+            registry=self.registry,
+        )
+        storage_connections.set_function(lambda: len(server.storage_pool))
         self.registry.register(_PartitionCollector(server))
         self.registry.register(_MemoryCollector(server))
 

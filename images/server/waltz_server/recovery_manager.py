@@ -39,6 +39,7 @@ from .recovery import (
     plan_replica,
 )
 from .recovery_vote import Undecidable, majority
+from .storage_pool import PoolKey, StoragePool
 from .store_session import Member, StoreSession
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,9 @@ class RecoveryContext:
     catch_up: CatchUpSettings = field(default_factory=CatchUpSettings)
     # How storage nodes are reached (a simulated network in tests/simulation).
     open_connection: OpenConnection = asyncio.open_connection
+    # The server's shared connections, one a storage node, for the store session's
+    # appends (storage_pool.py); None: the session keeps recovery's own connections.
+    pool: StoragePool | None = None
 
 
 _RETRYABLE = (
@@ -158,6 +162,7 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
     report(f"recovering in session {session_id}")
     clients: dict[str, StorageClient] = {}
     views: dict[str, StorageView] = {}
+    shared: list[Member] = []  # members given the server's shared connections
     # Members of the writing session removed from the assignment since still vote: their
     # storage nodes keep serving the partition until this session's metadata drops them.
     dial = [*ctx.replicas, *sorted(writing_members(meta) - set(ctx.replicas))]
@@ -246,6 +251,8 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             raise RecoveryStalled(
                 f"only {len(members)} of {len(ctx.replicas)} replicas are clean at {decided}"
             )
+        if ctx.pool is not None:
+            await _share(ctx, members, shared)
         new_meta = closing_metadata(
             meta, ctx.generation, session_id, ctx.replicas, members, decided
         )
@@ -268,11 +275,14 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             max_in_flight=ctx.max_in_flight,
             max_member_backlog_bytes=ctx.max_member_backlog_bytes,
             previous_writer=writing_session(meta),
+            pool=ctx.pool,
         )
         session.lagging = lagging
         session.log_start = meta.log_start
-        for address in set(clients) - set(members):
-            await clients[address].close()
+        kept = {id(m.client) for m in members.values()}
+        for client in clients.values():
+            if id(client) not in kept:
+                await client.close()
         handed_over = True
         return session
     finally:
@@ -280,6 +290,21 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
             for client in clients.values():
                 with contextlib.suppress(Exception):
                     await client.close()
+            for member in shared:
+                assert ctx.pool is not None and member.shared is not None
+                with contextlib.suppress(Exception):
+                    await ctx.pool.release(member.shared, member.client)
+
+
+async def _share(ctx: RecoveryContext, members: dict[str, Member], shared: list[Member]) -> None:
+    """Swap each member's recovery connection for the server's shared one to its node
+    (appended to ``shared`` as each is acquired, so that a failure releases them)."""
+    assert ctx.pool is not None
+    for address in list(members):
+        key = PoolKey(address, ctx.cluster_key, ctx.num_partitions)
+        client = await ctx.pool.acquire(key, ctx.connect_timeout)
+        members[address] = Member(address, client, shared=key)
+        shared.append(members[address])
 
 
 async def _apply_log_start(ctx, session_id, log_start, clients, positions, refused) -> None:

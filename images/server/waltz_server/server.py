@@ -26,6 +26,7 @@ from .memory_budget import PartitionBounds, partition_bounds
 from .metrics import ServerMetrics
 from .partition import Partition, PartitionSettings
 from .recovery_manager import RecoveryContext
+from .storage_pool import StoragePool
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class WaltzServer:
             if config.storage_tls.enabled
             else {}
         )
+        # One connection a storage node, shared by every partition's store session.
+        self.storage_pool = StoragePool(**self._storage_dialer)
 
     # --- listening ----------------------------------------------------------------------
 
@@ -220,6 +223,7 @@ class WaltzServer:
                     inline_records=self.config.catch_up_inline_records,
                     rate=self.config.catch_up_rate,
                 ),
+                pool=self.storage_pool if self.config.shared_storage_connections else None,
                 **self._storage_dialer,
             )
             partition = Partition(
@@ -262,5 +266,6 @@ class WaltzServer:
             self._listener.close()
         await asyncio.gather(*(p.stop("server shutting down") for p in self.partitions.values()))
         self.partitions.clear()
+        await self.storage_pool.close()
         for conn in list(self.connections):
             conn.close()

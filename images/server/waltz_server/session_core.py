@@ -164,12 +164,18 @@ class SessionCore:
     def check_stragglers(self, now: float, timeout: float) -> bool:
         """End the session if a member has left a request unanswered for ``timeout`` s
         (a paused or wedged storage node: the next session leaves it out)."""
+        address = self.straggler(now, timeout)
+        if address is None:
+            return False
+        waited = now - self.members[address].unacked[0]
+        return self.end(f"replica {address} has not answered for {waited:.1f} s")
+
+    def straggler(self, now: float, timeout: float) -> str | None:
+        """A member that has left a request unanswered for ``timeout`` s, if any."""
         for address, member in self.members.items():
             if member.unacked and now - member.unacked[0] > timeout:
-                return self.end(
-                    f"replica {address} has not answered for {now - member.unacked[0]:.1f} s"
-                )
-        return False
+                return address
+        return None
 
     def reader(self, up_to: int, usable: Callable[[str], bool] = lambda a: True) -> str | None:
         """A member that has acknowledged everything up to ``up_to`` (to read it back):

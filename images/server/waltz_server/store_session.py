@@ -28,6 +28,7 @@ from waltz_client.wire.storage_messages import (
 )
 
 from .session_core import Batch, SessionCore
+from .storage_pool import PoolKey, StoragePool
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class SessionEnded(Exception):
 class Member:
     address: str
     client: StorageClient
+    # Set when ``client`` is the server's shared connection to the node (storage_pool.py).
+    shared: PoolKey | None = None
 
     @property
     def closed(self) -> bool:
@@ -60,8 +63,10 @@ class StoreSession:
         max_in_flight: int = 16,
         max_member_backlog_bytes: int = 64 * 1024 * 1024,
         previous_writer: int = -1,
+        pool: StoragePool | None = None,
     ) -> None:
         self.partition_id = partition_id
+        self._pool = pool  # where shared members' connections go back to
         self.session_id = session_id
         self.members = members
         self.replica_count = replica_count
@@ -155,7 +160,13 @@ class StoreSession:
         self._writer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._writer
-        await asyncio.gather(*(m.client.close() for m in self.members.values()))
+        await asyncio.gather(*(self._let_go(m) for m in self.members.values()))
+
+    async def _let_go(self, member: Member) -> None:
+        if member.shared is not None and self._pool is not None:
+            await self._pool.release(member.shared, member.client)
+        else:
+            await member.client.close()
 
     async def _write_loop(self) -> None:
         try:
@@ -188,7 +199,7 @@ class StoreSession:
                     seq, parts, lambda r, e, m=member, b=batch: self._answered(m, b, r, e)
                 )
             except ConnectionError as e:
-                self._failed(member, describe(e))
+                self._failed(member, describe(e), connection=True)
                 return
 
     def _answered(
@@ -199,7 +210,7 @@ class StoreSession:
         error: BaseException | None,
     ) -> None:
         if error is not None or response is None:
-            self._failed(member, describe(error) if error else "no response")
+            self._failed(member, describe(error) if error else "no response", connection=True)
             return
         if isinstance(response, FailureResponse):
             self._failed(member, str(StorageFailure(response.error, response.message)))
@@ -211,7 +222,11 @@ class StoreSession:
         for done in committed:
             self._on_commit(RecordBatch(done.buf, done.spans), done.started)
 
-    def _failed(self, member: Member, reason: str) -> None:
+    def _failed(self, member: Member, reason: str, *, connection: bool = False) -> None:
+        """``connection``: the connection itself failed (closed, or silent too long), not
+        one request: a shared one is closed so that no session goes on using it."""
+        if connection and member.shared is not None and self._pool is not None:
+            self._pool.discard(member.shared, member.client, reason)
         self.core.failed(member.address, reason)
         self._ended()
 
@@ -243,15 +258,23 @@ class StoreSession:
                     timeout,
                 )
             except TimeoutError:
-                self._failed(member, f"did not answer a ping within {timeout:g} s")
-            except Exception as e:
+                self._failed(member, f"did not answer a ping within {timeout:g} s", connection=True)
+            except StorageFailure as e:
                 self._failed(member, f"ping failed: {describe(e)}")
+            except Exception as e:
+                self._failed(member, f"ping failed: {describe(e)}", connection=True)
 
         await asyncio.gather(*(one(m) for m in self.members.values()))
 
     def check_stragglers(self, now: float, timeout: float) -> None:
         """End the session if a member has left a request unanswered for ``timeout`` s
         (a paused or wedged storage node: the next session leaves it out)."""
+        address = self.core.straggler(now, timeout)
+        if address is None:
+            return
+        member = self.members[address]
+        if member.shared is not None and self._pool is not None:
+            self._pool.discard(member.shared, member.client, f"silent for over {timeout:g} s")
         self.core.check_stragglers(now, timeout)
         self._ended()
 
