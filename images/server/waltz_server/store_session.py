@@ -69,6 +69,7 @@ class StoreSession:
         self._pool = pool  # where shared members' connections go back to
         self.session_id = session_id
         self.members = members
+        self._open_members = list(members.values())  # not yet closed or released
         self.replica_count = replica_count
         self.core = SessionCore(
             members,
@@ -160,7 +161,10 @@ class StoreSession:
         self._writer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._writer
-        await asyncio.gather(*(self._let_go(m) for m in self.members.values()))
+        # close() may run twice (a partition stopping while its loop closes the session):
+        # a shared connection is released once, or it would close under other sessions.
+        members, self._open_members = self._open_members, []
+        await asyncio.gather(*(self._let_go(m) for m in members))
 
     async def _let_go(self, member: Member) -> None:
         if member.shared is not None and self._pool is not None:
