@@ -26,6 +26,7 @@ from waltz_operator.observe import ServerPartition, combine, parse_server_metric
 from waltz_operator.rollout import PartitionState
 from waltz_server.memory_budget import PartitionBounds
 from waltz_server.metrics import ServerMetrics
+from waltz_server.storage_pool import StoragePool
 
 A, B, C, D = "10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000", "10.0.0.4:7000"
 
@@ -67,6 +68,7 @@ def server_metrics_text(partitions: dict[int, SimpleNamespace]) -> str:
         partitions=partitions,
         config=SimpleNamespace(memory_budget_bytes=2 << 30),
         bounds=PartitionBounds(16 << 20, 64 << 20, 64 << 20),
+        storage_pool=StoragePool(),
     )
     metrics = ServerMetrics(server)
     for p in partitions:
