@@ -208,6 +208,10 @@ class ClientConnectionHandler(asyncio.Protocol):
             self._transport.abort()
         self.closed = True
 
+    @property
+    def writable(self) -> bool:
+        return self._writable.is_set()
+
     async def drained(self) -> None:
         await self._writable.wait()
 

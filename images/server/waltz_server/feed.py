@@ -38,6 +38,11 @@ class ClientConnection(Protocol):
 
     def send(self, frame: bytes) -> None: ...
 
+    @property
+    def writable(self) -> bool:
+        """Its socket takes more now (``drained`` would not wait)."""
+        ...
+
     def pause_reading(self) -> None: ...
 
     def resume_reading(self) -> None: ...
@@ -68,12 +73,48 @@ class Subscription:
         self.cursor = client_high_water_mark + 1
         self.markers: deque[tuple[int, bytes]] = deque()
         self.wake = asyncio.Event()
+        self._parked = False  # the task waits for ``wake`` with nothing left to send
         self.task = asyncio.get_running_loop().create_task(self._run())
 
-    def add_marker(self, through: int, frame: bytes) -> None:
-        """Send ``frame`` once the feed has delivered every transaction up to ``through``."""
+    def add_marker(self, through: int, frame: bytes, wake: bool = True) -> None:
+        """Send ``frame`` once the feed has delivered every transaction up to ``through``
+        (``wake``: False when a ``push`` follows at once)."""
         self.markers.append((through, frame))
-        self.wake.set()
+        if wake:
+            self.wake.set()
+
+    def push(self) -> None:
+        """New commits: when the task is parked waiting for them, the feed cache holds
+        them and the socket takes more, send them now, in the turn that committed them;
+        otherwise wake the task (which also reads storage and waits for the socket).
+        Saves a wake of the task and a turn of the loop on every commit."""
+        p = self.partition
+        connection = self.connection
+        if not self._parked or connection.closed or p.state != State.ACTIVE:
+            self.wake.set()
+            return
+        try:
+            hwm = p.high_water_mark
+            while self.cursor <= hwm and connection.writable:
+                stop = min(hwm, self.cursor + p.settings.feed_batch - 1)
+                headers = p.feed_cache.get(self.cursor, stop)
+                if not headers:
+                    break
+                connection.send(encode_feed_data(self.req_id, headers))
+                self.cursor += len(headers)
+                p.feed_sent += len(headers)
+            self._send_markers()
+        except Exception as e:  # as in _run: end this feed, and say so to its client
+            log.exception("partition %d: feed to a client failed", p.partition_id)
+            self.task.cancel()
+            p.end_subscription(self, f"feed failed: {describe(e)}")
+            return
+        if self.cursor <= hwm or not connection.writable:
+            self.wake.set()  # the rest is for the task: storage reads, a full socket
+
+    def _send_markers(self) -> None:
+        while self.markers and self.markers[0][0] < self.cursor:
+            self.connection.send(self.markers.popleft()[1])
 
     async def _run(self) -> None:
         p = self.partition
@@ -93,12 +134,15 @@ class Subscription:
                         p.feed_sent += len(headers)
                         await self.connection.drained()
                         continue
-                while self.markers and self.markers[0][0] < self.cursor:
-                    self.connection.send(self.markers.popleft()[1])
+                self._send_markers()
                 self.wake.clear()
                 if self.cursor <= p.high_water_mark and p.state == State.ACTIVE:
                     continue
-                await self.wake.wait()
+                self._parked = True
+                try:
+                    await self.wake.wait()
+                finally:
+                    self._parked = False
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug: end this feed, and say so to its client

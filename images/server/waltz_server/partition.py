@@ -520,8 +520,9 @@ class Partition:
             return
         self._answer(self.core.resolve())
 
-    def _answer(self, resolved: list[Resolved]) -> None:
-        """Queue each resolved barrier's answer on its feed, behind what it covers."""
+    def _answer(self, resolved: list[Resolved], wake: bool = True) -> None:
+        """Queue each resolved barrier's answer on its feed, behind what it covers
+        (``wake``: False when the feeds are pushed next)."""
         for r in resolved:
             sub = r.feed
             assert isinstance(sub, Subscription)
@@ -529,7 +530,7 @@ class Partition:
                 frame = FlushResponse(r.token, self.high_water_mark).encode()
             else:
                 frame = r.token
-            sub.add_marker(r.through, frame)
+            sub.add_marker(r.through, frame, wake)
 
     # --- commits and feeds ------------------------------------------------------------
 
@@ -542,8 +543,9 @@ class Partition:
         resolved = self.core.committed(batch.last_txid)
         self.stats.committed += len(batch.spans)
         self._observe_commit(asyncio.get_running_loop().time() - started)
-        self._answer(resolved)
-        self._wake_feeds()
+        self._answer(resolved, wake=False)
+        for sub in list(self.subscriptions):  # a feed that fails leaves the dict
+            sub.push()
 
     def _wake_feeds(self) -> None:
         for sub in self.subscriptions:
