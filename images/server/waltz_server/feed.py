@@ -100,9 +100,7 @@ class Subscription:
                 headers = p.feed_cache.get(self.cursor, stop)
                 if not headers:
                     break
-                connection.send(encode_feed_data(self.req_id, headers))
-                self.cursor += len(headers)
-                p.feed_sent += len(headers)
+                self._deliver(headers)
             self._send_markers()
         except Exception as e:  # as in _run: end this feed, and say so to its client
             log.exception("partition %d: feed to a client failed", p.partition_id)
@@ -111,6 +109,12 @@ class Subscription:
             return
         if self.cursor <= hwm or not connection.writable:
             self.wake.set()  # the rest is for the task: storage reads, a full socket
+
+    def _deliver(self, headers: list[bytes]) -> None:
+        """Send the next ``headers`` (from the cursor on) and move past them."""
+        self.connection.send(encode_feed_data(self.req_id, headers))
+        self.cursor += len(headers)
+        self.partition.feed_sent += len(headers)
 
     def _send_markers(self) -> None:
         while self.markers and self.markers[0][0] < self.cursor:
@@ -129,9 +133,7 @@ class Subscription:
                     stop = min(hwm, self.cursor + p.settings.feed_batch - 1)
                     headers = await p.read_headers(self.cursor, stop)
                     if headers:
-                        self.connection.send(encode_feed_data(self.req_id, headers))
-                        self.cursor += len(headers)
-                        p.feed_sent += len(headers)
+                        self._deliver(headers)
                         await self.connection.drained()
                         continue
                 self._send_markers()
