@@ -1077,3 +1077,35 @@ def test_a_large_write_adds_no_zeros_after_it(tmp_path: Path) -> None:
         assert_log_holds(log, large + small)
     finally:
         log.close()
+
+
+def test_records_written_after_a_failed_write_are_past_the_durable_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed write cuts the file back to its last record, freeing the blocks after it,
+    so what is written there next needs an fdatasync of its own (group_sync.py), not just
+    its pages written back."""
+    recs = make_records(0, 30, size=100)
+    log = open_log(tmp_path)
+    try:
+        log.append(RecordBatch.from_records(recs[:20]))
+        segment = log.segments[-1]
+        assert not segment.overwrites_durable_blocks  # nothing fdatasync'd by us yet
+        log.sync()
+        assert segment.overwrites_durable_blocks  # the zeros ahead are durable now
+        real_pwrite = os.pwrite
+
+        def disk_full(fd: int, data, offset: int) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "pwrite", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            log.append(RecordBatch.from_records(recs[20:]))
+        monkeypatch.setattr(os, "pwrite", real_pwrite)
+        log.append(RecordBatch.from_records(recs[20:]))
+        assert not segment.overwrites_durable_blocks
+        log.sync()
+        assert segment.overwrites_durable_blocks
+        assert_log_holds(log, recs)
+    finally:
+        log.close()

@@ -51,7 +51,7 @@ class StorageMetrics:
         )
         self.fsyncs = Counter(
             "waltz_storage_fsyncs",
-            "Group commits of segment data (its own fsync, or a syncfs shared with others)",
+            "Group commits of segment data (its own fsync, or a sync shared with others)",
             ["partition"],
             registry=r,
         )
@@ -62,9 +62,11 @@ class StorageMetrics:
             buckets=FSYNC_BUCKETS,
             registry=r,
         )
-        self.syncfs_seconds = Histogram(
-            "waltz_storage_syncfs_seconds",
-            "Latency of one syncfs that made several partitions' appends durable at once",
+        self.group_sync_seconds = Histogram(
+            "waltz_storage_group_sync_seconds",
+            "Latency of one sync that made several partitions' appends durable at once, "
+            "by method (write_back: pages written back and one fdatasync; syncfs)",
+            ["method"],
             buckets=FSYNC_BUCKETS,
             registry=r,
         )

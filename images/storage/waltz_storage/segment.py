@@ -25,6 +25,7 @@ the decisions, ``Segment.from_scan`` applies them.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import struct
@@ -42,6 +43,7 @@ from .control_file import fsync_directory
 from .errors import CorruptSegment, TransactionNotFound
 
 if TYPE_CHECKING:
+    from .group_sync import WriteBack
     from .recovery import Damage, SegmentScan
 
 log = logging.getLogger(__name__)
@@ -231,6 +233,12 @@ class Segment:
         self._index_written = len(offsets)  # entries written to the .idx file
         self._index_synced = len(offsets)  # entries fsync'd in the .idx file
         self._dirty = False  # data written since the last fsync
+        self._synced_size = size  # the records before this offset are durable
+        # The file length (and its blocks) as of the last fdatasync of this segment: records
+        # written below it overwrite durable zeros, so writing their pages back is enough
+        # to read them after a crash. 0 until this process syncs it itself.
+        self._durable_length = 0
+        self.device = os.fstat(data_fd).st_dev
 
     # --- naming -------------------------------------------------------------------------
 
@@ -330,7 +338,7 @@ class Segment:
         )
         os.ftruncate(self._data_fd, damage.offset)
         os.fsync(self._data_fd)
-        self.size = self._allocated = damage.offset
+        self.size = self._allocated = self._synced_size = damage.offset
 
     def _rewrite_index(self, scan: SegmentScan) -> None:
         """Make the .idx file hold exactly ``self.offsets``; fsync it. Entries that already
@@ -380,6 +388,7 @@ class Segment:
             # Leave no partial record behind; the caller answers with an I/O error.
             os.ftruncate(self._data_fd, start)
             self._allocated = start
+            self._durable_length = min(self._durable_length, start)
             raise
         pos = start
         offsets = self.offsets
@@ -408,13 +417,38 @@ class Segment:
             self._preallocate_from = self.size + PREALLOCATE_STEP
             log.info("%s: cannot write zeros ahead of the records (%s)", self.data_path, e)
 
+    @property
+    def overwrites_durable_blocks(self) -> bool:
+        """Were the records written since the last sync all written over zeros that an
+        fdatasync of this segment made durable (its length and blocks)? Then writing
+        their pages back and a flush of the disk make them durable: no metadata changed."""
+        return self.size <= self._durable_length
+
+    def write_back(self, write_back: WriteBack, flags: int) -> None:
+        """sync_file_range over the records written since the last sync (no flush)."""
+        if self.size > self._synced_size and (
+            write_back(self._data_fd, self._synced_size, self.size - self._synced_size, flags) != 0
+        ):
+            code = ctypes.get_errno()
+            raise OSError(code, f"writing back {self.data_path}: {os.strerror(code)}")
+
+    def flush_data(self) -> None:
+        """fdatasync the data file: its records, its length and blocks, then the disk."""
+        length = self._allocated
+        os.fdatasync(self._data_fd)
+        self._durable_length = length
+
     def sync(self, sync_data: Callable[[int], None] | None = None) -> None:
         """fsync the data (through ``sync_data``: the node's group sync), then write new
         index entries; fsync the index at each checkpoint."""
         if self._dirty:
             # fdatasync still commits a size or block change when the zeros ran out.
-            (sync_data or os.fdatasync)(self._data_fd)
+            if sync_data is None:
+                self.flush_data()
+            else:
+                sync_data(self._data_fd)
             self._dirty = False
+            self._synced_size = self.size
         count = len(self.offsets)
         if count > self._index_written:
             entries = array("q", self.offsets[self._index_written :])
@@ -433,6 +467,7 @@ class Segment:
             os.ftruncate(self._data_fd, self.size)
             os.fsync(self._data_fd)
             self._allocated = self.size
+            self._durable_length = min(self._durable_length, self.size)
         if self._index_synced < len(self.offsets):
             os.fsync(self._index_fd)
             self._index_synced = len(self.offsets)
@@ -453,7 +488,8 @@ class Segment:
         os.ftruncate(self._data_fd, new_size)
         os.fsync(self._data_fd)
         del self.offsets[keep:]
-        self.size = self._allocated = new_size
+        self.size = self._allocated = self._synced_size = new_size
+        self._durable_length = min(self._durable_length, new_size)
         self._dirty = False
         self.sync()  # rewrites any entries that were not yet in the file
         os.fsync(self._index_fd)

@@ -67,6 +67,7 @@ from .group_sync import GroupSync, already_durable
 from .metrics import PublishingLock, StorageMetrics
 from .partition import DEFAULT_MAX_TORN_BYTES, DEFAULT_SEGMENT_BYTES, PartitionLog
 from .recovery import repair_hint
+from .segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class EngineSettings:
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     # Bytes a crash can leave unsynced at the end of a log: one write group.
     max_torn_bytes: int = DEFAULT_MAX_TORN_BYTES
-    # Partitions syncing at once share one syncfs (group_sync.py); off: one fsync each.
+    # Partitions syncing at once share one flush (group_sync.py); off: one fsync each.
     group_sync: bool = True
 
 
@@ -192,10 +193,16 @@ class PartitionService:
     def commit(
         self, pending: PendingAppends, sync_data: Callable[[int], None] | None = None
     ) -> None:
-        """Make ``pending``'s appends durable (an fsync, or ``sync_data`` when a syncfs
+        """Make ``pending``'s appends durable (an fsync, or ``sync_data`` when a group sync
         covered them) and answer them. The caller holds ``lock``."""
         if pending.unsynced:
             self._group_commit(pending.requests, pending.responses, pending.unsynced, sync_data)
+
+    @property
+    def active_segment(self) -> Segment:
+        """The segment appends go to: the only one a sync may find unsynced."""
+        assert self.log is not None
+        return self.log.segments[-1]
 
     @property
     def lock(self) -> PublishingLock:
@@ -223,7 +230,7 @@ class PartitionService:
             unsynced.clear()
             return
         self._fsyncs.inc()
-        if sync_data is None:  # its own fsync (a shared syncfs is timed by the node)
+        if sync_data is None:  # its own fsync (a shared group sync is timed by the node)
             self._fsync_seconds.observe(time.perf_counter() - started)
         records = data_bytes = 0
         for i in unsynced:
@@ -479,7 +486,7 @@ def process_group(
     metrics: StorageMetrics,
 ) -> list[list[StorageMessage]]:
     """Each partition's requests in order; the responses of each. The appends become
-    durable before any is answered: with one syncfs when several partitions appended."""
+    durable before any is answered: with one group sync when several partitions appended."""
     with contextlib.ExitStack() as held:
         pending = []
         for service, requests in group:
@@ -490,11 +497,12 @@ def process_group(
             sync_data: Callable[[int], None] = already_durable
             started = time.perf_counter()
             try:
-                group_sync.sync_filesystem()
+                group_sync.make_durable([p.service.active_segment for p in appending])
             except OSError as e:
                 sync_data = _failing(e)
             else:
-                metrics.syncfs_seconds.observe(time.perf_counter() - started)
+                elapsed = time.perf_counter() - started
+                metrics.group_sync_seconds.labels(group_sync.method).observe(elapsed)
             for p in appending:
                 p.service.commit(p, sync_data)
         else:
@@ -526,7 +534,7 @@ def process_in_order(
 
 
 def _failing(error: OSError) -> Callable[[int], None]:
-    """A segment's ``sync_data`` after a syncfs that failed: its appends fail too."""
+    """A segment's ``sync_data`` after a group sync that failed: its appends fail too."""
 
     def sync_data(fd: int) -> None:
         raise error
