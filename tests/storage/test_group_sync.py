@@ -462,3 +462,9 @@ def test_a_node_writes_back_only_on_a_filesystem_that_writes_in_place(tmp_path: 
         group_sync.close()
     off = GroupSync.for_directory(str(tmp_path), enabled=False)
     assert off.method == "" and not off.available
+    settings = EngineSettings(segment_bytes=1 << 20, group_sync_write_back=False)
+    node = StorageNode.open(str(tmp_path / "node"), KEY, 2, {0, 1}, settings)
+    try:
+        assert node.group_sync.method == "syncfs"
+    finally:
+        node.close()

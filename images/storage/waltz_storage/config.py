@@ -101,8 +101,15 @@ SETTINGS = [
         "group_sync",
         boolean,
         True,
-        "when several partitions appended, make them durable with one syncfs instead of "
-        "an fsync each (Linux 5.8+; best on a filesystem of its own)",
+        "when several partitions appended, make them durable with one flush instead of "
+        "an fsync each (Linux 5.8+)",
+    ),
+    Setting(
+        "group_sync_write_back",
+        boolean,
+        True,
+        "on ext2/3/4, share that flush by writing the partitions' pages back and one "
+        "fdatasync; false: one syncfs of the whole filesystem",
     ),
     Setting(
         "inline_group_max_ms",
@@ -159,6 +166,7 @@ class StorageConfig:
     node_queue_max_bytes: int
     write_group_max_bytes: int
     group_sync: bool
+    group_sync_write_back: bool
     inline_group_max_ms: float
     zk_tls_cert: str
     zk_tls_key: str

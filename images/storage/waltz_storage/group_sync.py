@@ -135,18 +135,20 @@ class GroupSync:
         # syncfs reports the errors since this descriptor was opened: ours alone, so
         # no other caller can consume an error before we see it.
         self._dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY) if syncfs else -1
-        self.device = os.stat(directory).st_dev
+        self.device = os.stat(directory).st_dev if syncfs else -1
         self._error: OSError | None = None
         self.syncs = 0  # group syncs made (tests, metrics)
 
     @classmethod
-    def for_directory(cls, directory: str, enabled: bool = True) -> GroupSync:
+    def for_directory(
+        cls, directory: str, enabled: bool = True, write_back_if_safe: bool = True
+    ) -> GroupSync:
         syncfs = load_syncfs() if enabled else None
         if enabled and syncfs is None:
             log.info("no syncfs that reports errors (Linux 5.8+) here: one fsync a partition")
             return cls(directory, None)
         write_back = None
-        if syncfs is not None:
+        if syncfs is not None and write_back_if_safe:
             fs_type, options = mount_of(directory)
             if writes_in_place(fs_type, options):
                 write_back = load_write_back()
@@ -157,7 +159,14 @@ class GroupSync:
                     directory,
                     fs_type or "an unlisted filesystem",
                 )
-        return cls(directory, syncfs, write_back)
+        group_sync = cls(directory, syncfs, write_back)
+        if group_sync.method:
+            how = {"write_back": "their pages written back and one fdatasync"}
+            log.info(
+                "several partitions' appends share one flush: %s",
+                how.get(group_sync.method, "one syncfs of the filesystem"),
+            )
+        return group_sync
 
     @property
     def available(self) -> bool:

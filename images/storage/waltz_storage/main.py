@@ -48,6 +48,7 @@ async def serve(config: StorageConfig) -> int:
         # take at most 40/36 of their wire size on disk.
         max_torn_bytes=(config.write_group_max_bytes + config.max_frame_bytes) * 10 // 9 + 1,
         group_sync=config.group_sync,
+        group_sync_write_back=config.group_sync_write_back,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -89,6 +89,8 @@ class EngineSettings:
     max_torn_bytes: int = DEFAULT_MAX_TORN_BYTES
     # Partitions syncing at once share one flush (group_sync.py); off: one fsync each.
     group_sync: bool = True
+    # On ext2/3/4, by pages written back and one fdatasync; off: one syncfs.
+    group_sync_write_back: bool = True
 
 
 @dataclass(slots=True)
@@ -596,7 +598,9 @@ class StorageNode:
         self.metrics = metrics
         self.session_authority: SessionAuthority | None = None
         self.log_start_authority: SessionAuthority | None = None
-        self.group_sync = GroupSync.for_directory(directory, self.settings.group_sync)
+        self.group_sync = GroupSync.for_directory(
+            directory, self.settings.group_sync, self.settings.group_sync_write_back
+        )
 
     def process_group(
         self, group: list[tuple[PartitionService, list[StorageMessage]]]
