@@ -80,7 +80,9 @@ async def catch_up(cluster, banks: list[BankDb]) -> dict[int, list]:
                     if client.applied_high_water_mark(p) >= hwm:
                         break
                     await asyncio.sleep(0.05)
-                assert client.applied_high_water_mark(p) == hwm
+                # At least: an append a killed worker sent just before dying may still
+                # commit after the high-water mark was read (the records are compared below).
+                assert client.applied_high_water_mark(p) >= hwm
         callbacks.close()
     reader = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
     async with WaltzClient(reader) as client:
