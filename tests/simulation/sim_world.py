@@ -66,7 +66,7 @@ from waltz_client.wire.storage_messages import (
 from waltz_server.catch_up import CatchUpSettings
 from waltz_server.connection import ClientConnectionHandler
 from waltz_server.partition import Partition, PartitionSettings
-from waltz_server.recovery_manager import MetadataConflict, RecoveryContext
+from waltz_server.recovery_manager import AssignmentChanged, MetadataConflict, RecoveryContext
 from waltz_server.storage_pool import StoragePool
 
 PARTITION = 0
@@ -111,9 +111,18 @@ class MetadataClient:
         zk = self.world.zk
         return zk.metadata, zk.version
 
-    async def write(self, partition_id: int, metadata: PartitionMetadata, version: int) -> int:
+    async def write(
+        self,
+        partition_id: int,
+        metadata: PartitionMetadata,
+        version: int,
+        replicas: tuple[str, ...] | None = None,
+    ) -> int:
         await self._round_trip()
         zk = self.world.zk
+        if replicas is not None and tuple(replicas) != self.world.replica_addresses():
+            # ZooKeeper's multi: the check of the assignment fails the whole write.
+            raise AssignmentChanged(f"the replica assignment is {self.world.replica_addresses()}")
         if version != zk.version:
             raise MetadataConflict(f"version {version} is not {zk.version}")
         zk.metadata, zk.version = metadata, zk.version + 1

@@ -38,7 +38,7 @@ from waltz_client.cluster.zk import ClusterError, close, connect
 from waltz_client.tls import TlsFiles
 
 from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay
-from .recovery_manager import MetadataConflict
+from .recovery_manager import AssignmentChanged, MetadataConflict
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class ServerCoordinator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.params: ClusterParams | None = None
         self.assignment: ReplicaAssignment | None = None
+        self.assignment_version = -1  # its znode's version, checked by metadata writes
         self.connected = False
         self.live_servers: list[str] = []
         # Who may read or append which partition: nobody until the policy is first read
@@ -246,10 +247,11 @@ class ServerCoordinator:
         except MetadataError as e:
             log.error("ignoring an unreadable replica assignment: %s", e)
             return
-        self._post(self._set_assignment, assignment)
+        self._post(self._set_assignment, assignment, stat.version)
 
-    def _set_assignment(self, assignment: ReplicaAssignment) -> None:
+    def _set_assignment(self, assignment: ReplicaAssignment, version: int) -> None:
         self.assignment = assignment
+        self.assignment_version = version
         self._on_assignment(assignment)
 
     def _servers_changed(self, children: list[str]) -> None:
@@ -350,13 +352,43 @@ class ServerCoordinator:
         data, stat = await self._run(self.zk.get, self.paths.partition(partition_id))
         return PartitionMetadata.decode(data), stat.version
 
-    async def write(self, partition_id: int, metadata: PartitionMetadata, version: int) -> int:
+    async def write(
+        self,
+        partition_id: int,
+        metadata: PartitionMetadata,
+        version: int,
+        replicas: tuple[str, ...] | None = None,
+    ) -> int:
         path = self.paths.partition(partition_id)
-        try:
-            stat = await self._run(lambda: self.zk.set(path, metadata.encode(), version=version))
-        except BadVersionError:
-            raise MetadataConflict(f"{path} changed under us") from None
-        return stat.version
+        if replicas is None:
+            try:
+                stat = await self._run(
+                    lambda: self.zk.set(path, metadata.encode(), version=version)
+                )
+            except BadVersionError:
+                raise MetadataConflict(f"{path} changed under us") from None
+            return stat.version
+        assignment, assignment_version = self.assignment, self.assignment_version
+        if assignment is None or tuple(assignment.replicas_of(partition_id)) != tuple(replicas):
+            raise AssignmentChanged(
+                f"partition {partition_id} is now assigned "
+                f"{', '.join(assignment.replicas_of(partition_id)) if assignment else 'nothing'}"
+            )
+
+        def commit() -> list:
+            transaction = self.zk.transaction()
+            transaction.check(self.paths.assignment, assignment_version)
+            transaction.set_data(path, metadata.encode(), version)
+            return transaction.commit()
+
+        checked, written = await self._run(commit)
+        if isinstance(checked, BadVersionError):
+            raise AssignmentChanged(f"the replica assignment changed (partition {partition_id})")
+        if isinstance(written, BadVersionError):
+            raise MetadataConflict(f"{path} changed under us")
+        if isinstance(checked, Exception) or isinstance(written, Exception):
+            raise MetadataConflict(f"writing {path} failed: {checked!r}, {written!r}")
+        return written.version
 
     async def bind_client(self, client_id: int, identity: str) -> str:
         """The identity ``client_id`` is bound to: ``identity`` if this is the ID's first

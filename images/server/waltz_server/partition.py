@@ -52,7 +52,7 @@ from .catch_up import CatchUp
 from .feed import ClientConnection, State, Subscription
 from .partition_core import Ignored, LockConflict, PartitionCore, Resolved
 from .recovery import OwnSession
-from .recovery_manager import RecoveryContext, Superseded, start_session
+from .recovery_manager import AssignmentChanged, RecoveryContext, Superseded, start_session
 from .retention import retention_step
 from .store_session import StoreSession
 
@@ -217,6 +217,12 @@ class Partition:
                     session = await start_session(context, self._committed, self._report, self._own)
                 except Superseded:
                     raise
+                except AssignmentChanged as e:
+                    # The server learns the new set from its watch (change_replicas).
+                    log.info("partition %d: %s; recovering again", self.partition_id, e)
+                    self.status = f"recovering: {e}"
+                    await asyncio.sleep(self.context.retry_delay)
+                    continue
                 except Exception as e:  # a bug: say so, and try again rather than hang
                     log.exception("partition %d: recovery failed unexpectedly", self.partition_id)
                     self.status = f"recovery failed: {e}"

@@ -55,6 +55,13 @@ class MetadataConflict(Exception):
     """The partition metadata changed under a compare-and-set."""
 
 
+class AssignmentChanged(Exception):
+    """The partition's replica assignment changed while a session recovered with the old
+    one. Its metadata must not name a replica that may have left since (the node may
+    already have closed the partition, and the next recovery would wait for its vote for
+    ever): recover again with the new set."""
+
+
 class RecoveryStalled(Exception):
     """This attempt cannot finish now (too few replicas, a newer session appeared...)."""
 
@@ -62,8 +69,16 @@ class RecoveryStalled(Exception):
 class MetadataStore(Protocol):
     async def read(self, partition_id: int) -> tuple[PartitionMetadata, int]: ...
 
-    async def write(self, partition_id: int, metadata: PartitionMetadata, version: int) -> int:
-        """Compare-and-set; the new version. Raises MetadataConflict."""
+    async def write(
+        self,
+        partition_id: int,
+        metadata: PartitionMetadata,
+        version: int,
+        replicas: tuple[str, ...] | None = None,
+    ) -> int:
+        """Compare-and-set; the new version. Raises MetadataConflict. With ``replicas``,
+        also checks, in the same ZooKeeper transaction, that the partition is still
+        assigned exactly those replicas; raises AssignmentChanged if not."""
         ...
 
 
@@ -107,12 +122,13 @@ async def start_session(
     own: OwnSession | None = None,
 ) -> StoreSession:
     """Recover the partition and open a store session; retries until it succeeds or the
-    partition is superseded (raises Superseded). ``own``: the session this server ran
-    last for the partition, if any (see ``recovery.decide``)."""
+    partition is superseded (raises Superseded), or its replica set changed (raises
+    AssignmentChanged: the caller recovers with the new set). ``own``: the session this
+    server ran last for the partition, if any (see ``recovery.decide``)."""
     while True:
         try:
             return await _attempt(ctx, on_commit, report, own)
-        except Superseded:
+        except (Superseded, AssignmentChanged):
             raise
         except _RETRYABLE as e:
             report(f"recovery retrying: {describe(e)}")
@@ -256,7 +272,9 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
         new_meta = closing_metadata(
             meta, ctx.generation, session_id, ctx.replicas, members, decided
         )
-        await ctx.metadata.write(p, new_meta, version)
+        # Checked against the assignment in the same transaction: a replica removed
+        # meanwhile may have closed the partition, and must not be named a member.
+        await ctx.metadata.write(p, new_meta, version, replicas=ctx.replicas)
         log.info(
             "partition %d: session %d recovered to high-water mark %d with replicas %s",
             p,
