@@ -84,6 +84,15 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
         time.sleep(0.1)
 
 
+async def until(predicate, what: str, timeout: float = 120.0) -> None:
+    """``wait_for`` for a test's event loop (a hang guard: it ends once the condition holds)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
 def owner_of(cluster: LocalCluster, partition: int, not_server: str | None = None):
     """(server index, generation) once the partition has a live owner (other than
     ``not_server``)."""

@@ -11,10 +11,9 @@ changed with the admin functions an operator's `waltz cluster` uses.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 import pytest
+from conftest import until
 
 from waltz_client.cluster.admin import add_storage, create_cluster
 from waltz_client.cluster.metadata import ServerRegistration
@@ -25,16 +24,7 @@ from waltz_server.recovery_manager import AssignmentChanged
 
 pytestmark = pytest.mark.timeout(300)
 
-GUARD = 120.0  # a hang guard only: every wait ends as soon as its condition holds
 STORAGES = ["127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
-
-
-async def until(predicate: Callable[[], object], what: str) -> None:
-    deadline = time.monotonic() + GUARD
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {GUARD:g} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def test_a_session_is_recorded_only_with_the_current_assignment(zookeeper, zk_root) -> None:

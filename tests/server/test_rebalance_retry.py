@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from conftest import ownership, wait_for
+from conftest import ownership, until, wait_for
 from kazoo.client import KazooClient
 from kazoo.security import OPEN_ACL_UNSAFE, make_acl
 
@@ -124,14 +123,6 @@ def rebalance_tasks() -> list[asyncio.Task]:
         for t in asyncio.all_tasks()
         if getattr(t.get_coro(), "__qualname__", "").endswith("._rebalance_until_done")
     ]
-
-
-async def until(predicate: Callable[[], object], what: str) -> None:
-    deadline = time.monotonic() + GUARD
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {GUARD:g} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def test_membership_changes_during_failing_retries_coalesce_into_one_task(
