@@ -196,8 +196,11 @@ class GroupSync:
 
     def _write_back_and_flush(self, segments: Sequence[Segment]) -> None:
         assert self._write_back is not None
-        cheap = [s for s in segments if s.overwrites_durable_blocks and s.device == self.device]
-        own = [s for s in segments if s not in cheap]  # each needs its own fdatasync
+        cheap: list[Segment] = []  # written over durable zeros on this device
+        own: list[Segment] = []  # each needs its own fdatasync
+        for segment in segments:
+            in_place = segment.overwrites_durable_blocks and segment.device == self.device
+            (cheap if in_place else own).append(segment)
         for segment in cheap:  # start every write before waiting for any
             segment.write_back(self._write_back, SYNC_FILE_RANGE_WRITE)
         if cheap and not any(s.device == self.device for s in own):
