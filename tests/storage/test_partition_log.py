@@ -428,6 +428,7 @@ def test_random_appends_truncates_reopens_and_reads_match_a_model(
                 got = log.read(start, max_records, max_bytes)
                 assert got.buf == wire(expected_read(model, start, max_records, max_bytes))
             assert log.max_txid == len(model) - 1
+            assert log.size_bytes == sum(s.size for s in log.segments)  # kept, not summed
         assert log.read(0, *EVERYTHING).buf == wire(model)
         log.close()
         log = open_log(directory, segment_bytes)

@@ -40,6 +40,8 @@ class PartitionLog:
         self.cluster_key = cluster_key
         self.segments = segments
         self.segment_bytes = segment_bytes
+        self._sealed_bytes = 0  # of every segment but the last: they no longer change
+        self._segments_changed()
         # Retention: the first transaction served. The first segment may start below it
         # (only whole segments are deleted); what is below it is never read.
         self.log_start = max(log_start, segments[0].first_txid)
@@ -115,7 +117,13 @@ class PartitionLog:
 
     @property
     def size_bytes(self) -> int:
-        return sum(seg.size for seg in self.segments)
+        # Read at the end of every request (the published state): not a sum over what
+        # may be thousands of segments on a long-lived node.
+        return self._sealed_bytes + self.segments[-1].size
+
+    def _segments_changed(self) -> None:
+        """After a segment was added or removed: recount the sealed ones' bytes."""
+        self._sealed_bytes = sum(seg.size for seg in self.segments[:-1])
 
     # --- writes -------------------------------------------------------------------------
 
@@ -140,6 +148,7 @@ class PartitionLog:
                     self.directory, self.partition_id, self.cluster_key, batch.spans[start][0]
                 )
                 self.segments.append(active)
+                self._segments_changed()
             # Records that fit before the segment passes its size (at least one).
             room = self.segment_bytes - active.size
             stop = start
@@ -171,6 +180,7 @@ class PartitionLog:
             seg.close()
             os.unlink(seg.data_path)
             os.unlink(seg.index_path)
+        self._segments_changed()
         self.segments[-1].truncate_after(txid)
         fsync_directory(self.directory)
         log.info("partition %d truncated after transaction %d", self.partition_id, txid)
@@ -202,6 +212,7 @@ class PartitionLog:
         self.segments.append(
             Segment.create(self.directory, self.partition_id, self.cluster_key, self.log_start)
         )
+        self._segments_changed()
         return self._delete_below_log_start()
 
     def _delete_below_log_start(self) -> int:
@@ -212,6 +223,7 @@ class PartitionLog:
             freed += seg.size
             os.unlink(seg.index_path)  # the index first: a .seg alone is a leftover by name
             os.unlink(seg.data_path)
+        self._segments_changed()
         fsync_directory(self.directory)
         return freed
 
