@@ -275,6 +275,8 @@ def test_bench_runs_and_reports_positive_rates(tmp_path, waltz):
         assert r["raw_records_per_s"] > 0
         assert 0 < r["p50_ms"] <= r["p99_ms"]
         assert r["ratio"] == pytest.approx(r["records_per_s"] / r["raw_records_per_s"])
+        # The node's own CPU, measured on its process: every append costs some.
+        assert 0 < r["node_cpu_us_per_record"] < 1e6
     # The bench cleans up its node's data; no process is left (it waits for it).
     assert not list((tmp_path / "bench").glob("run-*"))
 
