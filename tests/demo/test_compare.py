@@ -9,13 +9,34 @@ import sys
 
 import pytest
 
-from waltz_client.demo.compare import ZOOKEEPER, Cell, median_cell, ratios, table
+from waltz_client.demo.compare import (
+    ZOOKEEPER,
+    Cell,
+    cpu_table,
+    median_cell,
+    ratios,
+    table,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def cell(system: str, c: int, writes: int, cpu: float = 1.0) -> Cell:
     return Cell(system, c, writes, 2.0, sorted(float(i) for i in range(1, 101)), cpu)
+
+
+def test_the_cpu_split_is_a_write_s_cpu_a_process_of_each_role() -> None:
+    one = Cell(
+        "waltz, 1 partition", 16, 10_000, 2.0, [1.0], 1.3,
+        {"server": 0.6, "storage": 0.9, "load": 0.5}, {"server": 1, "storage": 3, "load": 2},
+    )  # fmt: skip
+    # 0.9 s over 3 nodes and 10,000 writes: 30 us a write a node.
+    assert one.cpu_split() == "server 60 us, storage 3 x 30 us, load 2 x 25 us"
+    zk = Cell(ZOOKEEPER, 16, 1000, 2.0, [1.0], 0.3, {"zookeeper": 0.3}, {"zookeeper": 3})
+    lines = cpu_table([one, zk], [1, 16]).splitlines()
+    assert lines[0] == "| CPU a write, a process | C=1 | C=16 |"
+    assert lines[2] == "| waltz, 1 partition |  | server 60 us, storage 3 x 30 us, load 2 x 25 us |"
+    assert lines[3] == f"| {ZOOKEEPER} |  | zookeeper 3 x 100 us |"
 
 
 def test_median_cell_is_the_middle_rate() -> None:
@@ -94,6 +115,13 @@ def test_a_small_sweep_on_a_real_cluster(tmp_path, zookeeper_available) -> None:
     (only,) = json.loads(out.read_text())
     assert only["system"] == "waltz, 1 partition" and only["concurrency"] == 2
     assert only["writes"] > 0 and only["p50_ms"] > 0 and only["cpu_ms_per_write"] > 0
+    # Every process's CPU is measured, the load processes' apart from the cluster's.
+    assert only["role_processes"] == {"server": 1, "storage": 3, "load": 2}
+    assert all(only["role_cpu_s"][role] > 0 for role in ("server", "storage", "load"))
+    cluster = only["role_cpu_s"]["server"] + only["role_cpu_s"]["storage"]
+    assert only["cluster_cpu_s"] == pytest.approx(cluster)
+    assert "| CPU a write, a process | C=2 |" in result.stdout
+    assert "storage 3 x " in result.stdout
 
 
 def test_the_zookeeper_column_runs_a_three_member_ensemble(tmp_path, zookeeper_available) -> None:
@@ -108,3 +136,4 @@ def test_the_zookeeper_column_runs_a_three_member_ensemble(tmp_path, zookeeper_a
     zk = next(c for c in json.loads(out.read_text()) if c["system"] == ZOOKEEPER)
     # The CPU of all three JVMs was counted: each spends some on every write.
     assert zk["writes"] > 0 and zk["cpu_ms_per_write"] > 0
+    assert zk["role_processes"]["zookeeper"] == 3 and zk["role_cpu_s"]["zookeeper"] > 0

@@ -9,7 +9,9 @@ completes. A waltz write is a transaction submitted through ``WaltzClient``
 sequential node (committed: fsync'd in the transaction logs of a majority
 of the members). Reported per cell: the median over ``--runs`` of the completed writes
 per second, and the latency percentiles; and at the highest C, the CPU the cluster's own
-processes (storage nodes and server, or ZooKeeper's JVMs) spent per write.
+processes (storage nodes and server, or ZooKeeper's JVMs) spent per write. A second
+table splits each cell's CPU a write by process: the server, each storage node, each
+ZooKeeper member, each load process (the client library's share).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from ..local.zookeeper_ensemble import ZooKeeperEnsemble
+from ..process_cpu import cpu_seconds
 from .common import fresh_cluster
 
 DEFAULT_CONCURRENCY = (1, 16, 64, 256)
@@ -38,7 +41,7 @@ def zookeeper_system(members: int) -> str:
 
 
 ZOOKEEPER = zookeeper_system(DEFAULT_ZOOKEEPER_MEMBERS)
-_TICKS = os.sysconf("SC_CLK_TCK")
+LOAD = "load"  # the role of the load processes, whose CPU is not the cluster's
 
 
 @dataclass
@@ -51,6 +54,10 @@ class Cell:
     seconds: float
     latencies_ms: list[float] = field(repr=False)
     cluster_cpu_s: float
+    # CPU seconds and process count of each role ("server", "storage", "zookeeper",
+    # LOAD): where a write's CPU goes.
+    role_cpu_s: dict[str, float] = field(default_factory=dict)
+    role_processes: dict[str, int] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -64,18 +71,14 @@ class Cell:
     def cpu_ms_per_write(self) -> float:
         return 1000 * self.cluster_cpu_s / max(1, self.writes)
 
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of these processes so far (Linux /proc)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / _TICKS
+    def cpu_split(self) -> str:
+        """Each role's CPU a write, a process of it: "server 61 us, storage 3 x 48 us"."""
+        parts = []
+        for role, used in self.role_cpu_s.items():
+            n = self.role_processes.get(role, 1)
+            each = 1e6 * used / max(1, n) / max(1, self.writes)
+            parts.append(f"{role} {n} x {each:.0f} us" if n > 1 else f"{role} {each:.0f} us")
+        return ", ".join(parts)
 
 
 # --- load processes ---------------------------------------------------------------------
@@ -178,14 +181,14 @@ def measure(
     system: str,
     target: Callable,
     connect: tuple,
-    pids: list[int],
+    roles: dict[str, list[int]],
     concurrency: int,
     size: int,
     seconds: float,
 ) -> Cell:
     """``concurrency`` writes in flight over 2 load processes (1 at C=1), which start
-    together once all are connected, for ``seconds``; the CPU the cluster's processes
-    ``pids`` spend meanwhile."""
+    together once all are connected, for ``seconds``; the CPU that the cluster's
+    processes (``roles``: their pids by role) and the load processes spend meanwhile."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     half = concurrency // 2
@@ -199,9 +202,10 @@ def measure(
         proc.start()
     try:
         ready.wait(180)
-        cpu_before = cpu_seconds(pids)
+        watched = {**roles, LOAD: [p.pid for p in procs if p.pid is not None]}
+        cpu_before = {role: cpu_seconds(pids) for role, pids in watched.items()}
         time.sleep(seconds)
-        cpu = cpu_seconds(pids) - cpu_before
+        role_cpu = {role: cpu_seconds(pids) - cpu_before[role] for role, pids in watched.items()}
         results = [out.get(timeout=120) for _ in procs]
     finally:
         for proc in procs:
@@ -210,7 +214,9 @@ def measure(
                 proc.kill()
     writes = sum(n for n, _ in results)
     latencies = sorted(x for _, lat in results for x in lat)
-    return Cell(system, concurrency, writes, seconds, latencies, cpu)
+    cluster_cpu = sum(used for role, used in role_cpu.items() if role != LOAD)
+    counts = {role: len(pids) for role, pids in watched.items()}
+    return Cell(system, concurrency, writes, seconds, latencies, cluster_cpu, role_cpu, counts)
 
 
 def measure_waltz(
@@ -219,10 +225,13 @@ def measure_waltz(
     cluster = fresh_cluster(data_dir, partitions, 1, [])
     cluster.start()
     try:
-        pids = [p.pid for p in (*cluster.storages, *cluster.servers) if p.pid is not None]
+        roles = {
+            "server": [p.pid for p in cluster.servers if p.pid is not None],
+            "storage": [p.pid for p in cluster.storages if p.pid is not None],
+        }
         connect = (cluster.zookeeper_connect, cluster.layout.root, partitions)
         system = WALTZ_SYSTEMS[0] if partitions == 1 else f"waltz, {partitions} partitions"
-        return measure(system, _waltz_load, connect, pids, concurrency, size, seconds)
+        return measure(system, _waltz_load, connect, roles, concurrency, size, seconds)
     finally:
         cluster.stop()
 
@@ -241,7 +250,8 @@ def measure_zookeeper(
     try:
         connect = (ensemble.connect_string, "/compare", 0)
         system = zookeeper_system(members)
-        return measure(system, _zookeeper_load, connect, ensemble.pids, concurrency, size, seconds)
+        roles = {"zookeeper": ensemble.pids}
+        return measure(system, _zookeeper_load, connect, roles, concurrency, size, seconds)
     finally:
         ensemble.stop()
 
@@ -276,7 +286,7 @@ def sweep(
                     f"run {run + 1}/{runs} {cell.system:22s} C={c:<4d} "
                     f"{cell.rate:10,.0f} writes/s  p50 {cell.percentile(0.5):7.2f} ms  "
                     f"p99 {cell.percentile(0.99):7.2f} ms  "
-                    f"cluster CPU {cell.cpu_ms_per_write:.3f} ms/write"
+                    f"cluster CPU {cell.cpu_ms_per_write:.3f} ms/write ({cell.cpu_split()})"
                 )
     return cells
 
@@ -302,6 +312,20 @@ def table(cells: list[Cell], concurrency: list[int]) -> str:
         row.append(f"{mine[top].percentile(0.99):.1f}")
         row.append(f"{mine[1].percentile(0.5):.2f}" if 1 in mine else "")
         row.append(f"{mine[top].cpu_ms_per_write:.3f}")
+        rows.append(row)
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def cpu_table(cells: list[Cell], concurrency: list[int]) -> str:
+    """Where a write's CPU goes, a process of each role, in the median run of each cell."""
+    systems = list(dict.fromkeys(cell.system for cell in cells))
+    head = ["CPU a write, a process", *(f"C={c}" for c in concurrency)]
+    rows = [head, ["---"] * len(head)]
+    for system in systems:
+        row = [system]
+        for c in concurrency:
+            mine = [x for x in cells if x.system == system and x.concurrency == c]
+            row.append(median_cell(mine).cpu_split() if mine else "")
         rows.append(row)
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
@@ -371,6 +395,8 @@ def cmd_compare(args) -> int:
     print(table(cells, concurrency))
     for line in ratios(cells):
         print(line)
+    print()
+    print(cpu_table(cells, concurrency))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from waltz_client.client import WaltzClient
 from waltz_client.config import WaltzClientConfig
 from waltz_client.demo.common import check_at_least_one, fresh_cluster, open_loop
-from waltz_client.demo.compare import cpu_seconds
 from waltz_client.local.cluster import LocalCluster
+from waltz_client.process_cpu import cpu_seconds
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 
 from .planning import plan_splits

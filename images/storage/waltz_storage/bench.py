@@ -25,6 +25,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
+from waltz_client.process_cpu import process_cpu_seconds
 from waltz_client.wire.framing import FRAME_HEADER
 from waltz_client.wire.records import Record, RecordBatch, ReqId
 from waltz_client.wire.storage_client import StorageClient
@@ -187,15 +188,6 @@ async def _append_run(
         return acked * batch, latencies, time.perf_counter() - started_at
     finally:
         await client.close()
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """CPU time of process ``pid``, all its threads, to the nanosecond (Linux's process CPU
-    clock, MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)); 0.0 where there is none."""
-    try:
-        return time.clock_gettime((~pid << 3) | 2)
-    except (OSError, OverflowError):
-        return 0.0
 
 
 def raw_disk_rate(directory: str, batch: int, record_bytes: int, duration: float) -> float:
