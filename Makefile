@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench clean fault-deps postgres-deps
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py waltz_client/wire/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,local,operator,spark,postgres]'

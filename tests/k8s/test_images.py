@@ -510,6 +510,37 @@ def check_multi_stage(df: Dockerfile, component: str) -> None:
         )
 
 
+# How each image builds the compiled per-record loops (setup.py's WALTZ_BUILD_NATIVE): the
+# daemons with them or not at all; the operator and Spark images as pure Python.
+NATIVE_BUILD = {"storage": "require", "server": "require", "operator": "skip", "spark": "skip"}
+
+
+def check_native_build(df: Dockerfile, component: str) -> None:
+    """The waltz wheel is built from setup.py with the image's WALTZ_BUILD_NATIVE, and a
+    stage that must compile installs a C compiler before it builds."""
+    mode = NATIVE_BUILD[component]
+    builds = [
+        (stage, run)
+        for stage in df.stages
+        for run in stage.all("RUN")
+        if re.search(r"\bpip wheel\b", run.args)
+    ]
+    assert builds, f"{df.path}: no pip wheel"
+    for stage, run in builds:
+        where = f"{df.path}:{run.line}"
+        assert re.search(rf"\bWALTZ_BUILD_NATIVE={mode}\b", run.args), (
+            f"{where}: the wheel is not built with WALTZ_BUILD_NATIVE={mode}"
+        )
+        copied = set(copied_files(stage).values())
+        assert "setup.py" in copied, f"{where}: setup.py is not copied, so nothing is compiled"
+        if mode == "require":
+            assert any(
+                re.search(r"apt-get install\b.*\bgcc\b", before.args)
+                for before in stage.all("RUN")
+                if before.line < run.line
+            ), f"{where}: no C compiler installed before the wheel is built"
+
+
 def dockerignore_patterns() -> list[str]:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
@@ -575,6 +606,7 @@ CHECKS = [
     check_constraints_used,
     check_multi_stage,
     check_copy_sources,
+    check_native_build,
 ]
 
 
@@ -601,9 +633,26 @@ def test_the_spark_image_is_the_official_spark_python_image_at_the_pinned_versio
 
 def test_dockerignore_keeps_the_venv_git_and_local_state_out():
     patterns = dockerignore_patterns()
-    for path in (".venv", ".venv/bin/python", ".git", ".git/config", ".waltz-local/zk"):
+    local_build = (
+        "waltz_client/wire/_native.cpython-311-x86_64-linux-gnu.so"  # an editable install's
+    )
+    for path in (
+        ".venv",
+        ".venv/bin/python",
+        ".git",
+        ".git/config",
+        ".waltz-local/zk",
+        local_build,
+    ):
         assert ignored(path, patterns), f".dockerignore lets {path} in"
-    for path in ("pyproject.toml", "README.md", "waltz_client/client.py", "images/constraints.txt"):
+    kept = (
+        "pyproject.toml",
+        "setup.py",
+        "README.md",
+        "waltz_client/client.py",
+        "images/constraints.txt",
+    )
+    for path in kept:
         assert not ignored(path, patterns), f".dockerignore keeps {path} out"
 
 
@@ -637,6 +686,11 @@ BREAKAGES = [
     ("storage", check_copy_sources, "README.md ./", "READ.md ./"),
     ("operator", check_copy_sources, "COPY waltz_client/ waltz_client/", "COPY tests/ tests/"),
     ("storage", check_no_spark, "waltz-*.whl \\\n", "waltz-*.whl pyspark==4.3.0 \\\n"),
+    ("storage", check_native_build, "WALTZ_BUILD_NATIVE=require ", ""),
+    ("server", check_native_build, "gcc libc6-dev", "libc6-dev"),
+    ("server", check_native_build, "setup.py ", ""),
+    ("operator", check_native_build, "WALTZ_BUILD_NATIVE=skip", "WALTZ_BUILD_NATIVE=auto"),
+    ("spark", check_native_build, "setup.py ", ""),
     ("server", check_no_spark, "images/constraints.txt images/\n",
      "images/constraints.txt images/spark/constraints.txt images/\n"),
 ]  # fmt: skip
@@ -965,6 +1019,10 @@ def test_image_runs_read_only_as_10001(built, component):
         f"MODULES = {modules!r}; {probe}",
     )  # fmt: skip
     assert result.stdout.strip() == "[]", result.stdout
+    # The compiled per-record loops where the image's setup says they are built.
+    probe = "from waltz_client.wire.native import native; print(native is not None)"
+    result = docker("run", "--rm", *READ_ONLY, "--entrypoint", "python", image, "-c", probe)
+    assert result.stdout.strip() == str(NATIVE_BUILD[component] == "require"), result.stdout
     if component == "server":  # the admin and client command, as the e2e Jobs run it
         result = docker("run", "--rm", *READ_ONLY, "--entrypoint", "waltz", image, "--help")
         assert result.returncode == 0, result.stderr

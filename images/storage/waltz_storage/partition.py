@@ -8,6 +8,7 @@ import os
 import uuid
 from collections.abc import Callable
 
+from waltz_client.wire.native import native
 from waltz_client.wire.records import RecordBatch, RecordHeader
 
 from .control_file import NO_TRANSACTION, fsync_directory
@@ -132,14 +133,15 @@ class PartitionLog:
         if not batch.spans:
             return
         expected = self.max_txid + 1
-        for i, (txid, _, _) in enumerate(batch.spans):
+        n = len(batch.spans)
+        gap = 0 if native is None else native.first_gap(batch.spans, expected)
+        for i, (txid, _, _) in enumerate(batch.spans[gap:], gap):
             if txid != expected + i:
                 raise NonContiguousAppend(
                     f"partition {self.partition_id}: expected transaction {expected + i}, "
                     f"got {txid}" + (f" (record {i} of the batch)" if i else "")
                 )
         start = 0
-        n = len(batch.spans)
         while start < n:
             active = self.segments[-1]
             if active.size >= self.segment_bytes and active.count:

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from waltz_client.wire.crc import crc32 as fast_crc32
+from waltz_client.wire.native import native
 from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch
 
 from .control_file import fsync_directory
@@ -141,6 +142,8 @@ def wire_to_disk(batch: RecordBatch, start: int, stop: int, out: bytearray) -> l
 
     Returns each record's length on disk. Data CRCs were verified on decode.
     """
+    if native is not None:
+        return native.wire_to_disk(batch.buf, batch.spans, start, stop, out)
     buf = batch.buf
     mv = memoryview(buf)
     crc_fn = fast_crc32
@@ -167,7 +170,12 @@ def disk_to_wire(buf: bytes, first_txid: int, ends: list[int], source: str) -> R
     the loop knows every record's extent without reading it first; a record whose
     length disagrees with the index is corrupt like one that fails its checksums.
     """
-    # The hot loop of every read: one unpack and two CRCs a record, locals only. On any
+    if native is not None:
+        converted = native.disk_to_wire(buf, first_txid, ends)
+        if converted is not None:
+            return RecordBatch(*converted)
+    # The hot loop of every read where the compiled one is missing, and what names the
+    # problem where it found one: one unpack and two CRCs a record, locals only. On any
     # doubt, check_record says precisely what is wrong.
     parts: list[memoryview] = []
     add = parts.extend

@@ -1,0 +1,246 @@
+"""The compiled per-record loops (waltz_client/wire/_native.c) against the pure-Python
+loops they stand in for: the same spans, bytes and CRCs for any records; the same
+refusal, with the Python loop's precise error, for any damaged batch or segment.
+
+Each test runs a public function twice, with the compiled module and with it switched
+off (the attribute ``native`` of the calling module set to None), and compares.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import uuid
+import zlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from waltz_client.wire import records as records_module
+from waltz_client.wire.buffers import Reader
+from waltz_client.wire.errors import ChecksumMismatch, MalformedMessage
+from waltz_client.wire.native import native
+from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_storage import partition as partition_module
+from waltz_storage import segment as segment_module
+from waltz_storage.errors import CorruptSegment, NonContiguousAppend
+from waltz_storage.partition import PartitionLog
+from waltz_storage.segment import disk_to_wire, wire_to_disk
+
+pytestmark = pytest.mark.skipif(
+    native is None, reason="the compiled loops are not built here (no C compiler at install)"
+)
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def make_batch(first_txid: int, lengths: list[int], seed: int = 0) -> RecordBatch:
+    records = [
+        Record(first_txid + i, ReqId(7, 1, 3, seed + i), i * 31 - 5, os.urandom(length))
+        for i, length in enumerate(lengths)
+    ]
+    return RecordBatch.from_records(records)
+
+
+def both(module, call):
+    """(compiled result, pure-Python result) of ``call()``; an exception is a result."""
+    results = []
+    for compiled in (True, False):
+        with pytest.MonkeyPatch.context() as m:
+            if not compiled:
+                m.setattr(module, "native", None)
+            try:
+                results.append(("ok", call()))
+            except Exception as e:  # the comparison is of outcomes, errors included
+                results.append((type(e), str(e)))
+    return results
+
+
+lengths_strategy = st.lists(
+    st.one_of(st.integers(0, 80), st.integers(0, 5000)), min_size=0, max_size=12
+)
+
+
+# --- CRC-32 ------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(data=st.binary(max_size=9000), offset=st.integers(0, 15), start=st.integers(0, 2**32 - 1))
+def test_crc32_is_zlibs_at_any_length_alignment_and_start(data, offset, start):
+    view = memoryview(bytes(offset) + data)[offset:]  # unaligned as well as aligned
+    assert native.crc32(view) == zlib.crc32(data)
+    assert native.crc32(view, start) == zlib.crc32(data, start)
+    assert native.crc32_tables(view, start) == zlib.crc32(data, start)
+
+
+def test_crc32_over_the_folding_thresholds():
+    """Every length around the 64-byte folding start and the 16-byte blocks."""
+    block = os.urandom(4096)
+    for length in [*range(300), 1023, 1024, 1025, 4095, 4096]:
+        assert native.crc32(block[:length]) == zlib.crc32(block[:length]), length
+    assert native.crc32(bytearray(b"123456789")) == 0xCBF43926  # the check value
+
+
+# --- checking a wire batch ---------------------------------------------------------------
+
+
+def read(buf: bytes, count: int, max_data_bytes: int = 16 * 1024 * 1024) -> RecordBatch:
+    return RecordBatch.read(Reader(buf), count, max_data_bytes)
+
+
+@SETTINGS
+@given(lengths=lengths_strategy, first=st.integers(-5, 2**62))
+def test_a_valid_batch_is_read_the_same(lengths, first):
+    batch = make_batch(first, lengths)
+    compiled, pure = both(records_module, lambda: read(batch.buf, len(lengths)))
+    assert compiled[0] == "ok" and pure[0] == "ok"
+    assert compiled[1].spans == pure[1].spans == batch.spans
+    assert compiled[1].buf == batch.buf
+
+
+@SETTINGS
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=6),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=3),
+    cut=st.integers(-8, 8),
+    count_change=st.sampled_from([0, 0, 0, -1, 1, 10**9, -(10**9)]),
+    max_data=st.sampled_from([16 * 1024 * 1024, 100, 0]),
+)
+def test_a_damaged_batch_is_refused_with_the_same_error(
+    lengths, flips, cut, count_change, max_data
+):
+    batch = make_batch(1, lengths)
+    buf = bytearray(batch.buf)
+    for where, xor in flips:
+        buf[where % len(buf)] ^= xor
+    buf = bytes(buf[: len(buf) + cut] if cut < 0 else buf + bytes(cut))
+    count = len(lengths) + count_change
+    compiled, pure = both(records_module, lambda: read(buf, count, max_data))
+    if compiled[0] == "ok":
+        assert pure[0] == "ok" and compiled[1].spans == pure[1].spans
+    else:
+        assert compiled == pure
+        assert compiled[0] in (MalformedMessage, ChecksumMismatch)
+
+
+def test_a_huge_count_is_refused_without_allocating_for_it():
+    batch = make_batch(1, [10])
+    assert native.scan_wire(batch.buf, 2**40, 1000) is None
+    assert native.scan_wire(batch.buf, -1, 1000) is None
+    with pytest.raises(MalformedMessage, match="truncated head"):
+        read(batch.buf, 2**31 - 1)
+
+
+# --- to the disk layout and back ---------------------------------------------------------
+
+
+@SETTINGS
+@given(lengths=lengths_strategy, data=st.data())
+def test_wire_to_disk_and_back_the_same_either_way(lengths, data):
+    batch = make_batch(40, lengths)
+    start = data.draw(st.integers(0, len(lengths)))
+    stop = data.draw(st.integers(start, len(lengths)))
+    prefix = data.draw(st.binary(max_size=5))
+
+    def convert():
+        out = bytearray(prefix)
+        sizes = wire_to_disk(batch, start, stop, out)
+        return bytes(out), sizes
+
+    compiled, pure = both(segment_module, convert)
+    assert compiled == pure and compiled[0] == "ok"
+    disk, sizes = compiled[1][0][len(prefix) :], compiled[1][1]
+    assert sizes == [length + 40 for length in lengths[start:stop]]
+    ends, pos = [], 0
+    for size in sizes:
+        pos += size
+        ends.append(pos)
+    back = both(segment_module, lambda: disk_to_wire(disk, 40 + start, ends, "seg"))
+    assert back[0][0] == back[1][0] == "ok"
+    assert back[0][1].buf == back[1][1].buf
+    assert back[0][1].spans == back[1][1].spans
+    assert back[0][1].spans == [
+        (40 + start + i, s, n) for i, (_, s, n) in enumerate(back[0][1].spans)
+    ]
+    # The same bytes as the records cut out of the original batch.
+    assert back[0][1].buf == b"".join(
+        batch.buf[p : p + 36 + n] for _, p, n in batch.spans[start:stop]
+    )
+
+
+@SETTINGS
+@given(
+    lengths=st.lists(st.integers(0, 200), min_size=1, max_size=5),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=2),
+    end_moves=st.lists(st.tuples(st.integers(0, 10), st.integers(-50, 50)), max_size=2),
+    first_change=st.sampled_from([0, 0, 1, -1]),
+)
+def test_a_damaged_segment_read_is_refused_with_the_same_error(
+    lengths, flips, end_moves, first_change
+):
+    batch = make_batch(9, lengths)
+    out = bytearray()
+    sizes = wire_to_disk(batch, 0, len(lengths), out)
+    for where, xor in flips:
+        out[where % len(out)] ^= xor
+    ends, pos = [], 0
+    for size in sizes:
+        pos += size
+        ends.append(pos)
+    for which, move in end_moves:
+        ends[which % len(ends)] = max(0, ends[which % len(ends)] + move)
+    disk = bytes(out)
+    compiled, pure = both(
+        segment_module, lambda: disk_to_wire(disk, 9 + first_change, ends, "s.seg")
+    )
+    if compiled[0] == "ok":
+        assert pure[0] == "ok" and compiled[1].buf == pure[1].buf
+        assert compiled[1].spans == pure[1].spans
+    elif pure[0] == "ok":
+        # Only the compiled loop's bounds check can refuse what Python's loop reads: an
+        # end past the buffer. Python slices short there, so nothing is lost by refusing.
+        assert any(end > len(disk) for end in ends), (ends, len(disk))
+    else:
+        assert compiled == pure
+        assert compiled[0] in (CorruptSegment, struct.error)
+
+
+def test_wire_to_disk_refuses_spans_outside_the_batch():
+    batch = make_batch(1, [10, 20])
+    with pytest.raises(ValueError, match="outside the"):
+        native.wire_to_disk(batch.buf, [(1, 0, 10), (2, 50, 2000)], 0, 2, bytearray())
+    with pytest.raises(ValueError, match="outside the"):
+        native.wire_to_disk(batch.buf, [(1, -1, 10)], 0, 1, bytearray())
+    with pytest.raises(IndexError):
+        native.wire_to_disk(batch.buf, batch.spans, 1, 3, bytearray())
+    with pytest.raises(TypeError):
+        native.wire_to_disk(batch.buf, [(1, 0)], 0, 1, bytearray())
+    out = bytearray(b"kept")
+    with pytest.raises(ValueError):
+        native.wire_to_disk(batch.buf, [*batch.spans, (3, 999, 1)], 0, 3, out)
+    assert out == b"kept"  # refused before anything is written
+
+
+# --- the storage node's append -----------------------------------------------------------
+
+
+def test_first_gap():
+    spans = [(5, 0, 0), (6, 0, 0), (8, 0, 0)]
+    assert native.first_gap(spans, 5) == 2
+    assert native.first_gap(spans, 4) == 0
+    assert native.first_gap(spans[:2], 5) == 2
+    assert native.first_gap([], 5) == 0
+    assert native.first_gap([(2**70, 0, 0)], 5) == 0
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure"])
+def test_an_append_out_of_order_names_the_record(monkeypatch, tmp_path, compiled):
+    if not compiled:
+        monkeypatch.setattr(partition_module, "native", None)
+    log = PartitionLog.open(str(tmp_path), 0, uuid.uuid4())
+    log.append(make_batch(0, [5, 6]))
+    first, second = make_batch(2, [1]), make_batch(4, [1])  # 3 is missing
+    gapped = RecordBatch(first.buf + second.buf, [*first.spans, (4, len(first.buf), 1)])
+    with pytest.raises(NonContiguousAppend, match=r"expected transaction 3, got 4 \(record 1"):
+        log.append(gapped)
+    log.close()

@@ -1,0 +1,505 @@
+/* The per-record loops of the hot paths, compiled: checking a batch of wire records as it
+ * arrives, converting records between the wire and a segment's disk layout, and the
+ * CRC-32 they all need.
+ *
+ * Every function here is an accelerator of a pure-Python loop that stays the reference
+ * (waltz_client/wire/records.py, waltz_storage/segment.py): the check and the read
+ * return None on anything wrong, and the Python loop runs again to say precisely what.
+ * The layouts (big-endian):
+ *
+ *   wire record: i64 txid | 4 x i32 ReqId | i32 header | i32 data length | data
+ *                | u32 CRC-32 of data                                (32-byte head)
+ *   disk record: the wire head | u32 data CRC-32 | data | u32 CRC-32 of those 36 bytes
+ *
+ * CRC-32 is zlib's (reflected polynomial 0xEDB88320): carry-less multiplication folding
+ * (Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ") where the CPU
+ * has it, tables eight bytes at a time elsewhere.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define WALTZ_CLMUL 1
+#endif
+
+#define WIRE_HEAD 32     /* txid, ReqId, header, data length */
+#define DISK_HEAD 36     /* the wire head and the data CRC */
+#define DISK_OVERHEAD 40 /* DISK_HEAD and the head's CRC */
+
+/* --- CRC-32 --------------------------------------------------------------------------- */
+
+static uint32_t crc_table[8][256];
+static int have_clmul;
+
+static void
+crc_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = crc_table[0][n];
+        for (int k = 1; k < 8; k++) {
+            c = crc_table[0][c & 0xff] ^ (c >> 8);
+            crc_table[k][n] = c;
+        }
+    }
+#ifdef WALTZ_CLMUL
+    __builtin_cpu_init();
+    have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
+}
+
+/* The CRC register (the inverted CRC) advanced over p[0..n), by tables. */
+static uint32_t
+crc_tables(uint32_t reg, const uint8_t *p, size_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        uint32_t lo = (uint32_t)v ^ reg, hi = (uint32_t)(v >> 32);
+        reg = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
+              crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^
+              crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
+              crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+#endif
+    while (n--)
+        reg = crc_table[0][(reg ^ *p++) & 0xff] ^ (reg >> 8);
+    return reg;
+}
+
+#ifdef WALTZ_CLMUL
+/* The register advanced over p[0..n), n >= 64 and a multiple of 16: four 128-bit lanes
+ * folded 64 bytes at a time, folded into one, then Barrett-reduced to 32 bits. The
+ * constants are x^k mod P(x) for the paper's k, bit-reflected, and P(x) and its
+ * quotient mu for the reduction. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t
+crc_clmul(uint32_t reg, const uint8_t *p, size_t n)
+{
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
+    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
+    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i x1, x2, x3, x4, x5, x6, x7, x8;
+
+    x1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)reg));
+    x2 = _mm_loadu_si128((const __m128i *)(p + 16));
+    x3 = _mm_loadu_si128((const __m128i *)(p + 32));
+    x4 = _mm_loadu_si128((const __m128i *)(p + 48));
+    p += 64;
+    n -= 64;
+    while (n >= 64) {
+        x5 = _mm_clmulepi64_si128(x1, k1k2, 0x00);
+        x6 = _mm_clmulepi64_si128(x2, k1k2, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, k1k2, 0x00);
+        x8 = _mm_clmulepi64_si128(x4, k1k2, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, k1k2, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, k1k2, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, k1k2, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, k1k2, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), _mm_loadu_si128((const __m128i *)p));
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), _mm_loadu_si128((const __m128i *)(p + 16)));
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), _mm_loadu_si128((const __m128i *)(p + 32)));
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), _mm_loadu_si128((const __m128i *)(p + 48)));
+        p += 64;
+        n -= 64;
+    }
+    /* Four lanes into one. */
+    x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+    x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+    x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+    x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x4), x5);
+    /* The remaining 16-byte blocks. */
+    while (n >= 16) {
+        x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, k3k4, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, _mm_loadu_si128((const __m128i *)p)), x5);
+        p += 16;
+        n -= 16;
+    }
+    /* 128 bits to 64. */
+    x2 = _mm_clmulepi64_si128(x1, k3k4, 0x10);
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, low32);
+    x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, k5k0, 0x00), x2);
+    /* Barrett reduction to 32. */
+    x2 = _mm_and_si128(x1, low32);
+    x2 = _mm_clmulepi64_si128(x2, poly, 0x10);
+    x2 = _mm_and_si128(x2, low32);
+    x2 = _mm_clmulepi64_si128(x2, poly, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+static uint32_t
+crc32_of(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint32_t reg = ~crc;
+#ifdef WALTZ_CLMUL
+    if (have_clmul && n >= 64) {
+        size_t folded = n & ~(size_t)15;
+        reg = crc_clmul(reg, p, folded);
+        p += folded;
+        n -= folded;
+    }
+#endif
+    return ~crc_tables(reg, p, n);
+}
+
+/* --- big-endian fields ---------------------------------------------------------------- */
+
+static inline uint32_t
+be32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline int64_t
+be64(const uint8_t *p)
+{
+    return (int64_t)(((uint64_t)be32(p) << 32) | be32(p + 4));
+}
+
+static inline void
+put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+/* (txid, offset, data length): a RecordBatch's span. */
+static PyObject *
+span(int64_t txid, Py_ssize_t offset, Py_ssize_t length)
+{
+    PyObject *t = PyTuple_New(3);
+    if (t == NULL)
+        return NULL;
+    PyObject *a = PyLong_FromLongLong(txid), *b = PyLong_FromSsize_t(offset),
+             *c = PyLong_FromSsize_t(length);
+    if (a == NULL || b == NULL || c == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        Py_XDECREF(c);
+        Py_DECREF(t);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, b);
+    PyTuple_SET_ITEM(t, 2, c);
+    return t;
+}
+
+/* --- the module's functions ----------------------------------------------------------- */
+
+PyDoc_STRVAR(crc32_doc, "crc32(data, value=0, /) -> int\n\n"
+                        "zlib's CRC-32 of a bytes-like object, continuing from value.");
+
+static PyObject *
+native_crc32(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    unsigned int start = 0;
+    if (!PyArg_ParseTuple(args, "y*|I:crc32", &view, &start))
+        return NULL;
+    uint32_t crc = crc32_of(start, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+PyDoc_STRVAR(crc32_tables_doc, "crc32_tables(data, value=0, /) -> int\n\n"
+                               "crc32 by the tables alone, as where the CPU cannot fold.");
+
+static PyObject *
+native_crc32_tables(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    unsigned int start = 0;
+    if (!PyArg_ParseTuple(args, "y*|I:crc32_tables", &view, &start))
+        return NULL;
+    uint32_t crc = ~crc_tables(~(uint32_t)start, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+PyDoc_STRVAR(scan_wire_doc,
+             "scan_wire(buf, count, max_data_bytes, /) -> list[tuple[int, int, int]] | None\n\n"
+             "The spans of exactly `count` wire records filling `buf`, each with a data length\n"
+             "in 0..max_data_bytes and a matching data CRC; None if anything is wrong.");
+
+static PyObject *
+native_scan_wire(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t count;
+    long long max_data_bytes;
+    if (!PyArg_ParseTuple(args, "y*nL:scan_wire", &view, &count, &max_data_bytes))
+        return NULL;
+    const uint8_t *buf = view.buf;
+    Py_ssize_t end = view.len, pos = 0;
+    PyObject *spans = NULL;
+    /* Every record takes at least 36 bytes: a count beyond that is not allocated. */
+    if (count < 0 || count > end / (WIRE_HEAD + 4))
+        goto invalid;
+    spans = PyList_New(count);
+    if (spans == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (end - pos < WIRE_HEAD)
+            goto invalid;
+        int32_t length = (int32_t)be32(buf + pos + 28);
+        if (length < 0 || length > max_data_bytes)
+            goto invalid;
+        Py_ssize_t data = pos + WIRE_HEAD, data_end = data + length;
+        if (end - data_end < 4)
+            goto invalid;
+        if (crc32_of(0, buf + data, (size_t)length) != be32(buf + data_end))
+            goto invalid;
+        PyObject *s = span(be64(buf + pos), pos, length);
+        if (s == NULL)
+            goto error;
+        PyList_SET_ITEM(spans, i, s);
+        pos = data_end + 4;
+    }
+    if (pos != end)
+        goto invalid;
+    PyBuffer_Release(&view);
+    return spans;
+invalid:
+    Py_XDECREF(spans);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(spans);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* A span's offset and data length, checked to lie within a buffer of `size` bytes. */
+static int
+span_extent(PyObject *item, Py_ssize_t size, Py_ssize_t *offset, Py_ssize_t *length)
+{
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
+        PyErr_SetString(PyExc_TypeError, "a span is a (txid, offset, length) tuple");
+        return -1;
+    }
+    *offset = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 1));
+    *length = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 2));
+    if ((*offset == -1 || *length == -1) && PyErr_Occurred())
+        return -1;
+    if (*offset < 0 || *length < 0 || *offset > size - WIRE_HEAD - 4 ||
+        *length > size - WIRE_HEAD - 4 - *offset) {
+        PyErr_Format(PyExc_ValueError, "span (offset %zd, length %zd) is outside the %zd-byte batch",
+                     *offset, *length, size);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(wire_to_disk_doc,
+             "wire_to_disk(buf, spans, start, stop, out, /) -> list[int]\n\n"
+             "Append records start..stop of a checked wire batch to the bytearray `out` in\n"
+             "disk layout; each record's length on disk.");
+
+static PyObject *
+native_wire_to_disk(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    PyObject *spans, *out, *sizes = NULL;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "y*O!nnO!:wire_to_disk", &view, &PyList_Type, &spans, &start,
+                          &stop, &PyByteArray_Type, &out))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(spans);
+    if (start < 0 || stop > n || start > stop) {
+        PyErr_Format(PyExc_IndexError, "records %zd..%zd of a batch of %zd", start, stop, n);
+        goto error;
+    }
+    Py_ssize_t total = 0, offset, length;
+    for (Py_ssize_t i = start; i < stop; i++) {
+        if (span_extent(PyList_GET_ITEM(spans, i), view.len, &offset, &length) < 0)
+            goto error;
+        total += length + DISK_OVERHEAD;
+    }
+    sizes = PyList_New(stop - start);
+    if (sizes == NULL)
+        goto error;
+    Py_ssize_t written = PyByteArray_GET_SIZE(out);
+    if (PyByteArray_Resize(out, written + total) < 0)
+        goto error;
+    const uint8_t *src = view.buf;
+    uint8_t *dst = (uint8_t *)PyByteArray_AS_STRING(out) + written;
+    for (Py_ssize_t i = start; i < stop; i++) {
+        span_extent(PyList_GET_ITEM(spans, i), view.len, &offset, &length); /* checked above */
+        const uint8_t *rec = src + offset;
+        memcpy(dst, rec, WIRE_HEAD);
+        memcpy(dst + WIRE_HEAD, rec + WIRE_HEAD + length, 4);
+        memcpy(dst + DISK_HEAD, rec + WIRE_HEAD, (size_t)length);
+        put_be32(dst + DISK_HEAD + length, crc32_of(0, dst, DISK_HEAD));
+        PyObject *size = PyLong_FromSsize_t(length + DISK_OVERHEAD);
+        if (size == NULL)
+            goto error;
+        PyList_SET_ITEM(sizes, i - start, size);
+        dst += length + DISK_OVERHEAD;
+    }
+    PyBuffer_Release(&view);
+    return sizes;
+error:
+    Py_XDECREF(sizes);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+PyDoc_STRVAR(disk_to_wire_doc,
+             "disk_to_wire(buf, first_txid, ends, /) -> tuple[bytes, list] | None\n\n"
+             "The disk records in `buf` (record i of transaction first_txid + i ending at\n"
+             "ends[i]) checked and converted to a wire batch's bytes and spans; None if any\n"
+             "record is not whole and valid where the ends put it.");
+
+static PyObject *
+native_disk_to_wire(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long first_txid;
+    PyObject *ends_arg, *ends = NULL, *wire = NULL, *spans = NULL;
+    if (!PyArg_ParseTuple(args, "y*LO:disk_to_wire", &view, &first_txid, &ends_arg))
+        return NULL;
+    ends = PySequence_Fast(ends_arg, "ends must be a sequence of offsets");
+    if (ends == NULL)
+        goto error;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ends);
+    PyObject **items = PySequence_Fast_ITEMS(ends);
+    /* The ends first: each record at least its overhead long, all within the buffer. */
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t end = PyLong_AsSsize_t(items[i]);
+        if (end == -1 && PyErr_Occurred())
+            goto error;
+        if (end - pos < DISK_OVERHEAD || end > view.len)
+            goto invalid;
+        pos = end;
+    }
+    wire = PyBytes_FromStringAndSize(NULL, pos - 4 * n);
+    spans = PyList_New(n);
+    if (wire == NULL || spans == NULL)
+        goto error;
+    const uint8_t *src = view.buf;
+    uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(wire);
+    Py_ssize_t out = 0;
+    pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t end = PyLong_AsSsize_t(items[i]);
+        const uint8_t *rec = src + pos;
+        Py_ssize_t length = (int32_t)be32(rec + 28);
+        if (be64(rec) != first_txid + i || length < 0 || pos + DISK_HEAD + length != end - 4 ||
+            crc32_of(0, rec, DISK_HEAD) != be32(src + end - 4) ||
+            crc32_of(0, rec + DISK_HEAD, (size_t)length) != be32(rec + WIRE_HEAD))
+            goto invalid;
+        memcpy(dst + out, rec, WIRE_HEAD);
+        memcpy(dst + out + WIRE_HEAD, rec + DISK_HEAD, (size_t)length);
+        memcpy(dst + out + WIRE_HEAD + length, rec + WIRE_HEAD, 4);
+        PyObject *s = span(first_txid + i, out, length);
+        if (s == NULL)
+            goto error;
+        PyList_SET_ITEM(spans, i, s);
+        out += DISK_HEAD + length;
+        pos = end;
+    }
+    Py_DECREF(ends);
+    PyBuffer_Release(&view);
+    PyObject *result = PyTuple_Pack(2, wire, spans);
+    Py_DECREF(wire);
+    Py_DECREF(spans);
+    return result;
+invalid:
+    Py_XDECREF(ends);
+    Py_XDECREF(wire);
+    Py_XDECREF(spans);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(ends);
+    Py_XDECREF(wire);
+    Py_XDECREF(spans);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+PyDoc_STRVAR(first_gap_doc,
+             "first_gap(spans, expected, /) -> int\n\n"
+             "The index of the first span whose txid is not expected + its index; len(spans)\n"
+             "if they all follow on.");
+
+static PyObject *
+native_first_gap(PyObject *module, PyObject *args)
+{
+    PyObject *spans;
+    long long expected;
+    if (!PyArg_ParseTuple(args, "O!L:first_gap", &PyList_Type, &spans, &expected))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(spans);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(spans, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a span is a (txid, offset, length) tuple");
+            return NULL;
+        }
+        int overflow;
+        long long txid = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(item, 0), &overflow);
+        if (txid == -1 && PyErr_Occurred())
+            return NULL;
+        if (overflow || txid != expected + i)
+            return PyLong_FromSsize_t(i);
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef native_methods[] = {
+    {"crc32", native_crc32, METH_VARARGS, crc32_doc},
+    {"crc32_tables", native_crc32_tables, METH_VARARGS, crc32_tables_doc},
+    {"scan_wire", native_scan_wire, METH_VARARGS, scan_wire_doc},
+    {"wire_to_disk", native_wire_to_disk, METH_VARARGS, wire_to_disk_doc},
+    {"disk_to_wire", native_disk_to_wire, METH_VARARGS, disk_to_wire_doc},
+    {"first_gap", native_first_gap, METH_VARARGS, first_gap_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    "_native",
+    "The per-record loops of the hot paths, compiled (see waltz_client/wire/native.py).",
+    -1,
+    native_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    crc_init();
+    PyObject *m = PyModule_Create(&native_module);
+    if (m != NULL && PyModule_AddIntConstant(m, "CLMUL", have_clmul) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
