@@ -81,6 +81,12 @@ def test_crc32_over_the_folding_thresholds():
     assert native.crc32(bytearray(b"123456789")) == 0xCBF43926  # the check value
 
 
+def test_crc32_of_a_large_buffer_with_the_gil_released():
+    data = bytearray(os.urandom(3 * 1024 * 1024 + 5))  # past the size that frees the GIL
+    assert native.crc32(data) == zlib.crc32(data)
+    assert native.crc32(memoryview(data)[7:], 99) == zlib.crc32(memoryview(data)[7:], 99)
+
+
 # --- checking a wire batch ---------------------------------------------------------------
 
 

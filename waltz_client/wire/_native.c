@@ -28,6 +28,9 @@
 #define WIRE_HEAD 32     /* txid, ReqId, header, data length */
 #define DISK_HEAD 36     /* the wire head and the data CRC */
 #define DISK_OVERHEAD 40 /* DISK_HEAD and the head's CRC */
+/* crc32 of this much or more lets other threads run meanwhile (a storage node's I/O
+ * thread, its HTTP thread): releasing the GIL costs more than checking less. */
+#define GIL_FREE_BYTES (256 * 1024)
 
 /* --- CRC-32 --------------------------------------------------------------------------- */
 
@@ -218,7 +221,14 @@ native_crc32(PyObject *module, PyObject *args)
     unsigned int start = 0;
     if (!PyArg_ParseTuple(args, "y*|I:crc32", &view, &start))
         return NULL;
-    uint32_t crc = crc32_of(start, view.buf, (size_t)view.len);
+    uint32_t crc;
+    if (view.len >= GIL_FREE_BYTES) { /* the buffer is exported: nobody can resize it */
+        Py_BEGIN_ALLOW_THREADS
+        crc = crc32_of(start, view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = crc32_of(start, view.buf, (size_t)view.len);
+    }
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLong(crc);
 }
