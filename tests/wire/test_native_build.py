@@ -32,3 +32,20 @@ def test_built_wherever_a_compiler_is():
 
 def test_waltz_pure_python_turns_them_off():
     assert probe(WALTZ_PURE_PYTHON="1") == "False"
+
+
+def describe(**env: str) -> str:
+    code = "from waltz_client.wire.native import describe; print(describe())"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_describe_names_which_loops_run():
+    assert describe(WALTZ_PURE_PYTHON="1") == "Python (WALTZ_PURE_PYTHON)"
+    if probe() == "True":
+        assert describe().startswith("compiled, CRC-32 by ")
+    else:
+        assert describe() == "Python (the compiled ones are not built)"

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..local.zookeeper_ensemble import ZooKeeperEnsemble
 from ..process_cpu import cpu_seconds
+from ..wire.native import describe as describe_loops
 from .common import fresh_cluster
 
 DEFAULT_CONCURRENCY = (1, 16, 64, 256)
@@ -376,7 +377,7 @@ def cmd_compare(args) -> int:
     print(
         f"waltz bench --compare: closed loop, {args.size}-byte writes, {args.seconds:g} s a "
         f"cell, {args.runs} run(s), a fresh cluster each; {os.cpu_count()} CPUs "
-        f"({platform.machine()}), fsync on",
+        f"({platform.machine()}), fsync on, per-record loops {describe_loops()}",
         flush=True,
     )
     cells = sweep(

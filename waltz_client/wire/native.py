@@ -12,8 +12,12 @@ import os
 from types import ModuleType
 
 
+def _pure_python_asked() -> bool:
+    return os.environ.get("WALTZ_PURE_PYTHON", "").lower() in ("1", "true", "yes")
+
+
 def _load() -> ModuleType | None:
-    if os.environ.get("WALTZ_PURE_PYTHON", "").lower() in ("1", "true", "yes"):
+    if _pure_python_asked():
         return None
     try:
         from . import _native
@@ -24,4 +28,14 @@ def _load() -> ModuleType | None:
 
 native = _load()
 
-__all__ = ["native"]
+
+def describe() -> str:
+    """Which loops this process runs, for logs and benchmark headers."""
+    if native is not None:
+        return "compiled" + (", CRC-32 by CLMUL" if native.CLMUL else ", CRC-32 by tables")
+    if _pure_python_asked():
+        return "Python (WALTZ_PURE_PYTHON)"
+    return "Python (the compiled ones are not built)"
+
+
+__all__ = ["describe", "native"]

@@ -10,6 +10,7 @@ import sys
 
 from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.daemon import run_daemon, settle_heap, start_http, write_ready_file
+from waltz_client.wire.native import describe as describe_loops
 
 from .config import ConfigError, ServerConfig, load_config
 from .coordinator import ServerCoordinator
@@ -54,10 +55,11 @@ async def serve(config: ServerConfig) -> int:
         server.ownership_changed, server.assignment_changed, server.session_lost
     )
     log.info(
-        "server %s: connecting to ZooKeeper %s, cluster %s",
+        "server %s: connecting to ZooKeeper %s, cluster %s (per-record loops %s)",
         server_id,
         config.zookeeper,
         config.zk_root,
+        describe_loops(),
     )
     started = loop.create_task(coordinator.start())
     done, _ = await asyncio.wait(

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 from waltz_client.process_cpu import process_cpu_seconds
 from waltz_client.wire.framing import FRAME_HEADER
+from waltz_client.wire.native import describe as describe_loops
 from waltz_client.wire.records import Record, RecordBatch, ReqId
 from waltz_client.wire.storage_client import StorageClient
 from waltz_client.wire.storage_messages import MESSAGE_HEADER, StorageMessageType
@@ -277,7 +278,7 @@ def format_row(r: Result) -> str:
 def machine_summary() -> str:
     return (
         f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}"
+        f"{platform.python_version()}, per-record loops {describe_loops()}"
     )
 
 

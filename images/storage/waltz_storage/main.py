@@ -13,6 +13,7 @@ from waltz_client.daemon import HttpThread, run_daemon, settle_heap, write_ready
 from waltz_client.partition_ranges import format_partition_ranges
 from waltz_client.peer_limits import peer_limits_of
 from waltz_client.tls import TlsContexts
+from waltz_client.wire.native import describe as describe_loops
 
 from .config import ConfigError, StorageConfig, load_config
 from .coordination import ClusterFollower, default_advertised_address, partitions_of, plan_change
@@ -118,13 +119,15 @@ async def serve(config: StorageConfig) -> int:
         follower.watch_assignment(lambda a: apply.submit(a, first_assignment))
         await first_assignment.wait()
     log.info(
-        "storage node serving partitions %s of cluster %s on %s:%d (http %d), dir %s",
+        "storage node serving partitions %s of cluster %s on %s:%d (http %d), dir %s, "
+        "per-record loops %s",
         format_partition_ranges(set(node.partitions)) or "none",
         key,
         config.host,
         port,
         http_port,
         config.directory,
+        describe_loops(),
     )
     settle_heap()
     if config.ready_file:
