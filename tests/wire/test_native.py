@@ -129,6 +129,25 @@ def test_a_damaged_batch_is_refused_with_the_same_error(
         assert compiled[0] in (MalformedMessage, ChecksumMismatch)
 
 
+@SETTINGS
+@given(
+    garbage=st.binary(max_size=600),
+    count=st.integers(-3, 40),
+    max_data=st.sampled_from([0, 64, 1 << 24]),
+    ends=st.lists(st.integers(-(2**40), 2**40) | st.integers(-5, 700), max_size=8),
+    first=st.integers(-(2**63), 2**63 - 1),
+)
+def test_garbage_is_refused_never_crashes(garbage, count, max_data, ends, first):
+    """Any bytes, counts and ends: the compiled loops return None (or the spans the
+    Python loop also finds), never read outside the buffer."""
+    spans = native.scan_wire(garbage, count, max_data)
+    if spans is not None:
+        assert spans == read(garbage, count, max_data).spans
+    converted = native.disk_to_wire(garbage, first, ends)
+    if converted is not None:
+        assert converted[0] == disk_to_wire(garbage, first, ends, "g").buf
+
+
 def test_a_huge_count_is_refused_without_allocating_for_it():
     batch = make_batch(1, [10])
     assert native.scan_wire(batch.buf, 2**40, 1000) is None
@@ -237,6 +256,16 @@ def test_first_gap():
     assert native.first_gap(spans[:2], 5) == 2
     assert native.first_gap([], 5) == 0
     assert native.first_gap([(2**70, 0, 0)], 5) == 0
+    top = 2**63 - 1  # the last i64 ID: the one after it is a gap, not a wrap to -2**63
+    assert native.first_gap([(top, 0, 0), (-(2**63), 0, 0)], top) == 1
+
+
+def test_disk_records_past_the_last_id_are_left_to_python():
+    batch = make_batch(2**63 - 1, [3])
+    out = bytearray()
+    ends = [sum(wire_to_disk(batch, 0, 1, out))]
+    assert native.disk_to_wire(bytes(out), 2**63 - 1, ends) is not None
+    assert native.disk_to_wire(bytes(out) * 2, 2**63 - 1, [ends[0], 2 * ends[0]]) is None
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure"])

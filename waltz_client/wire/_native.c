@@ -394,6 +394,9 @@ native_disk_to_wire(PyObject *module, PyObject *args)
     if (ends == NULL)
         goto error;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(ends);
+    long long last_txid;
+    if (n > 0 && __builtin_add_overflow(first_txid, (long long)(n - 1), &last_txid))
+        goto invalid; /* past the largest i64 ID: Python's loop says where */
     PyObject **items = PySequence_Fast_ITEMS(ends);
     /* The ends first: each record at least its overhead long, all within the buffer. */
     Py_ssize_t pos = 0;
@@ -474,7 +477,8 @@ native_first_gap(PyObject *module, PyObject *args)
         long long txid = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(item, 0), &overflow);
         if (txid == -1 && PyErr_Occurred())
             return NULL;
-        if (overflow || txid != expected + i)
+        long long wanted;
+        if (overflow || __builtin_add_overflow(expected, (long long)i, &wanted) || txid != wanted)
             return PyLong_FromSsize_t(i);
     }
     return PyLong_FromSsize_t(n);
