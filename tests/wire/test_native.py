@@ -279,3 +279,14 @@ def test_an_append_out_of_order_names_the_record(monkeypatch, tmp_path, compiled
     with pytest.raises(NonContiguousAppend, match=r"expected transaction 3, got 4 \(record 1"):
         log.append(gapped)
     log.close()
+
+
+def test_an_append_of_spans_in_a_tuple_takes_the_python_path(tmp_path):
+    """Batches built elsewhere may carry their spans in any sequence: the compiled
+    loops take lists only, and anything else goes the Python way, with the same result."""
+    log = PartitionLog.open(str(tmp_path), 0, uuid.uuid4())
+    listed = make_batch(0, [5, 6])
+    log.append(RecordBatch(listed.buf, tuple(listed.spans)))  # type: ignore[arg-type]
+    log.sync()
+    assert log.read(0, 10, 1 << 20).buf == listed.buf
+    log.close()

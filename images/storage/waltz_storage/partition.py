@@ -133,9 +133,14 @@ class PartitionLog:
         if not batch.spans:
             return
         expected = self.max_txid + 1
-        n = len(batch.spans)
-        gap = 0 if native is None else native.first_gap(batch.spans, expected)
-        for i, (txid, _, _) in enumerate(batch.spans[gap:], gap):
+        spans = batch.spans
+        n = len(spans)
+        # Where the IDs stop following on: the compiled scan, else (and to name it) Python's.
+        checked = 0
+        if native is not None and type(spans) is list:
+            checked = native.first_gap(spans, expected)
+        for i in range(checked, n):
+            txid = spans[i][0]
             if txid != expected + i:
                 raise NonContiguousAppend(
                     f"partition {self.partition_id}: expected transaction {expected + i}, "

@@ -142,7 +142,7 @@ def wire_to_disk(batch: RecordBatch, start: int, stop: int, out: bytearray) -> l
 
     Returns each record's length on disk. Data CRCs were verified on decode.
     """
-    if native is not None:
+    if native is not None and type(batch.spans) is list:
         return native.wire_to_disk(batch.buf, batch.spans, start, stop, out)
     buf = batch.buf
     mv = memoryview(buf)
