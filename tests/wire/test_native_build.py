@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,9 @@ def test_built_wherever_a_compiler_is():
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) here: the pure-Python loops are expected")
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    if not headers.is_file():
+        pytest.skip(f"no Python headers ({headers}) here: the pure-Python loops are expected")
     assert probe() == "True", "a C compiler is here but waltz_client.wire._native is not built"
 
 
