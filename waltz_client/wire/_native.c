@@ -211,26 +211,40 @@ span(int64_t txid, Py_ssize_t offset, Py_ssize_t length)
 
 /* --- the module's functions ----------------------------------------------------------- */
 
+static uint32_t
+crc32_chosen(uint32_t crc, const uint8_t *p, size_t n, int tables_only)
+{
+    return tables_only ? ~crc_tables(~crc, p, n) : crc32_of(crc, p, n);
+}
+
+/* crc32(data, value=0) for both entry points; other threads run over large buffers (the
+ * buffer is exported meanwhile: nobody can resize it). */
+static PyObject *
+crc32_call(PyObject *args, const char *format, int tables_only)
+{
+    Py_buffer view;
+    unsigned int start = 0;
+    if (!PyArg_ParseTuple(args, format, &view, &start))
+        return NULL;
+    uint32_t crc;
+    if (view.len >= GIL_FREE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        crc = crc32_chosen(start, view.buf, (size_t)view.len, tables_only);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = crc32_chosen(start, view.buf, (size_t)view.len, tables_only);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
 PyDoc_STRVAR(crc32_doc, "crc32(data, value=0, /) -> int\n\n"
                         "zlib's CRC-32 of a bytes-like object, continuing from value.");
 
 static PyObject *
 native_crc32(PyObject *module, PyObject *args)
 {
-    Py_buffer view;
-    unsigned int start = 0;
-    if (!PyArg_ParseTuple(args, "y*|I:crc32", &view, &start))
-        return NULL;
-    uint32_t crc;
-    if (view.len >= GIL_FREE_BYTES) { /* the buffer is exported: nobody can resize it */
-        Py_BEGIN_ALLOW_THREADS
-        crc = crc32_of(start, view.buf, (size_t)view.len);
-        Py_END_ALLOW_THREADS
-    } else {
-        crc = crc32_of(start, view.buf, (size_t)view.len);
-    }
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLong(crc);
+    return crc32_call(args, "y*|I:crc32", 0);
 }
 
 PyDoc_STRVAR(crc32_tables_doc, "crc32_tables(data, value=0, /) -> int\n\n"
@@ -239,13 +253,7 @@ PyDoc_STRVAR(crc32_tables_doc, "crc32_tables(data, value=0, /) -> int\n\n"
 static PyObject *
 native_crc32_tables(PyObject *module, PyObject *args)
 {
-    Py_buffer view;
-    unsigned int start = 0;
-    if (!PyArg_ParseTuple(args, "y*|I:crc32_tables", &view, &start))
-        return NULL;
-    uint32_t crc = ~crc_tables(~(uint32_t)start, view.buf, (size_t)view.len);
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLong(crc);
+    return crc32_call(args, "y*|I:crc32_tables", 1);
 }
 
 PyDoc_STRVAR(scan_wire_doc,
