@@ -12,6 +12,7 @@ import os
 import struct
 import uuid
 import zlib
+from itertools import accumulate
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -176,10 +177,7 @@ def test_wire_to_disk_and_back_the_same_either_way(lengths, data):
     assert compiled == pure and compiled[0] == "ok"
     disk, sizes = compiled[1][0][len(prefix) :], compiled[1][1]
     assert sizes == [length + 40 for length in lengths[start:stop]]
-    ends, pos = [], 0
-    for size in sizes:
-        pos += size
-        ends.append(pos)
+    ends = list(accumulate(sizes))  # where each record ends
     back = both(segment_module, lambda: disk_to_wire(disk, 40 + start, ends, "seg"))
     assert back[0][0] == back[1][0] == "ok"
     assert back[0][1].buf == back[1][1].buf
@@ -208,10 +206,7 @@ def test_a_damaged_segment_read_is_refused_with_the_same_error(
     sizes = wire_to_disk(batch, 0, len(lengths), out)
     for where, xor in flips:
         out[where % len(out)] ^= xor
-    ends, pos = [], 0
-    for size in sizes:
-        pos += size
-        ends.append(pos)
+    ends = list(accumulate(sizes))  # where each record ends
     for which, move in end_moves:
         ends[which % len(ends)] = max(0, ends[which % len(ends)] + move)
     disk = bytes(out)
