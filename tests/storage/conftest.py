@@ -48,16 +48,20 @@ def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, str]:
 
 
 def waltz_cli(
-    *args: str, cwd: str | Path | None = None, timeout: float = 60.0
+    *args: str,
+    cwd: str | Path | None = None,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``waltz ...`` (the admin command) in a child process."""
+    """Run ``waltz ...`` (the admin command) in a child process; ``env``: variables set
+    on top of the clean environment."""
     return subprocess.run(
         [sys.executable, "-m", "waltz_client.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
-        env=clean_env(),
+        env={**clean_env(), **(env or {})},
     )
 
 

@@ -299,3 +299,17 @@ def test_bench_refuses_no_partitions(tmp_path, waltz):
     result = waltz("storage", "bench", "--partitions", "0", cwd=tmp_path, timeout=60)
     assert result.returncode == 2
     assert "--partitions must be >= 1" in result.stderr
+
+
+def test_bench_says_why_its_node_did_not_start(tmp_path, waltz):
+    """A bad WALTZ_STORAGE_* setting stops the bench's node: the node names the setting,
+    and the bench ends with one line of its own, not a traceback."""
+    result = waltz(
+        "storage", "bench", "--dir", str(tmp_path / "bench"), "--duration", "0.1",
+        "--batch-sizes", "1", "--in-flight", "1",
+        cwd=tmp_path, timeout=60, env={"WALTZ_STORAGE_GROUP_SYNC": "maybe"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "group_sync" in result.stderr and "'maybe'" in result.stderr
+    assert "the storage process exited with status 2 before it was ready" in result.stderr
+    assert "Traceback" not in result.stderr

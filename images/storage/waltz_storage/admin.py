@@ -205,7 +205,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import HEADER, machine_summary, results_json, run_bench
+    from .bench import HEADER, StorageDidNotStart, machine_summary, results_json, run_bench
 
     try:
         batches = [int(x) for x in args.batch_sizes.split(",")]
@@ -225,15 +225,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"{args.duration:g} s per row{spread}{sync}"
     )
     print(HEADER)
-    results = run_bench(
-        args.dir,
-        batches,
-        args.record_bytes,
-        args.duration,
-        inflights,
-        partitions=args.partitions,
-        group_sync=not args.no_group_sync,
-    )
+    try:
+        results = run_bench(
+            args.dir,
+            batches,
+            args.record_bytes,
+            args.duration,
+            inflights,
+            partitions=args.partitions,
+            group_sync=not args.no_group_sync,
+        )
+    except StorageDidNotStart as e:  # its own error (a bad WALTZ_STORAGE_* setting) is above
+        return _fail(str(e))
     if args.json:
         print(results_json(results))
     return 0

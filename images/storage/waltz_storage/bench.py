@@ -53,6 +53,10 @@ class Result:
         return self.records_per_s / self.raw_records_per_s if self.raw_records_per_s else 0.0
 
 
+class StorageDidNotStart(RuntimeError):
+    """The bench's storage process exited or never became ready (its stderr says why)."""
+
+
 def start_storage_process(
     directory: str,
     key: uuid.UUID,
@@ -88,10 +92,12 @@ def start_storage_process(
     deadline = time.monotonic() + timeout
     while not os.path.exists(ready):
         if proc.poll() is not None:
-            raise RuntimeError(f"storage process exited with status {proc.returncode}")
+            raise StorageDidNotStart(
+                f"the storage process exited with status {proc.returncode} before it was ready"
+            )
         if time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError("storage process did not become ready in time")
+            raise StorageDidNotStart(f"the storage process was not ready within {timeout:g} s")
         time.sleep(0.02)
     with open(ready) as f:
         return proc, json.load(f)
