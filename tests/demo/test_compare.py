@@ -66,6 +66,26 @@ def test_table_and_ratios() -> None:
     ]
 
 
+def test_ratios_of_each_run_show_the_spread() -> None:
+    one, four = "waltz, 1 partition", "waltz, 4 partitions"
+    cells = []
+    # Run 0 on a slow machine, run 1 on a fast one: each run's ratio is its own cells'.
+    for run, (w1, w4, zk) in enumerate([(10_000, 6_000, 2_000), (20_000, 16_000, 2_500)]):
+        for system, writes in ((one, w1), (four, w4), (ZOOKEEPER, zk)):
+            c = cell(system, 16, writes)
+            c.run = run
+            cells.append(c)
+    assert ratios(cells) == [
+        # The medians (the upper of two): 32,000 / 20,000 and 20,000 / 5,000 writes a
+        # 2 s cell; each run: 6,000 / 10,000 then 16,000 / 20,000, and so on.
+        f"C=16: {four} / {one} = 0.80x (each run: 0.60x, 0.80x)",
+        f"C=16: {one} / {ZOOKEEPER} = 8.00x (each run: 5.00x, 8.00x)",
+    ]
+    # A run that lacks a system's cell (an interrupted sweep) gives no ratio of its own.
+    partial = [c for c in cells if not (c.run == 1 and c.system == ZOOKEEPER)]
+    assert ratios(partial)[1] == f"C=16: {one} / {ZOOKEEPER} = 10.00x (each run: 5.00x)"
+
+
 def waltz(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "waltz_client.cli", "bench", "--compare", *args],
@@ -114,6 +134,7 @@ def test_a_small_sweep_on_a_real_cluster(tmp_path, zookeeper_available) -> None:
     assert "| waltz, 1 partition |" in result.stdout
     (only,) = json.loads(out.read_text())
     assert only["system"] == "waltz, 1 partition" and only["concurrency"] == 2
+    assert only["run"] == 0
     assert only["writes"] > 0 and only["p50_ms"] > 0 and only["cpu_ms_per_write"] > 0
     # Every process's CPU is measured, the load processes' apart from the cluster's.
     assert only["role_processes"] == {"server": 1, "storage": 3, "load": 2}

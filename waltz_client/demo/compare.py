@@ -59,6 +59,7 @@ class Cell:
     # LOAD): where a write's CPU goes.
     role_cpu_s: dict[str, float] = field(default_factory=dict)
     role_processes: dict[str, int] = field(default_factory=dict)
+    run: int = 0  # which run of the sweep (0 first): cells of one run are measured together
 
     @property
     def rate(self) -> float:
@@ -282,6 +283,7 @@ def sweep(
                     )
                 else:
                     cell = measure_waltz(os.path.join(data_dir, "waltz"), p, c, size, seconds)
+                cell.run = run
                 cells.append(cell)
                 say(
                     f"run {run + 1}/{runs} {cell.system:22s} C={c:<4d} "
@@ -333,23 +335,39 @@ def cpu_table(cells: list[Cell], concurrency: list[int]) -> str:
 
 def ratios(cells: list[Cell]) -> list[str]:
     """Issue 16's ratios at each concurrency: waltz with more partitions against one
-    partition, and waltz with one partition against ZooKeeper."""
+    partition, and waltz with one partition against ZooKeeper; of the median cells, and
+    with several runs, of each run's own cells too. A run measures the systems minutes
+    apart at most, so its ratio is spared the machine's drift between runs, which the
+    spread of the runs' ratios shows."""
     one = WALTZ_SYSTEMS[0]
+    runs = sorted({x.run for x in cells})
     lines = []
     for c in sorted({x.concurrency for x in cells}):
-        systems = dict.fromkeys(x.system for x in cells if x.concurrency == c)
-        rate = {
-            s: median_cell([x for x in cells if x.system == s and x.concurrency == c]).rate
-            for s in systems
-        }
-        if one not in rate:
+        at_c = [x for x in cells if x.concurrency == c]
+        systems = dict.fromkeys(x.system for x in at_c)
+        if one not in systems:
             continue
         for s in systems:
-            if s.startswith("zookeeper"):
-                lines.append(f"C={c}: {one} / {s} = {rate[one] / rate[s]:.2f}x")
-            elif s != one:
-                lines.append(f"C={c}: {s} / {one} = {rate[s] / rate[one]:.2f}x")
+            if s == one:
+                continue
+            top, bottom = (one, s) if s.startswith("zookeeper") else (s, one)
+            line = f"C={c}: {top} / {bottom} = {_ratio(at_c, top, bottom):.2f}x"
+            if len(runs) > 1:
+                each = [_ratio([x for x in at_c if x.run == r], top, bottom) for r in runs]
+                known = [f"{r:.2f}x" for r in each if r == r]  # NaN: a run lacks a cell
+                line += f" (each run: {', '.join(known)})"
+            lines.append(line)
     return lines
+
+
+def _ratio(cells: list[Cell], top: str, bottom: str) -> float:
+    """The median rate of ``top`` over that of ``bottom`` among ``cells``; NaN when
+    either has none."""
+    tops = [x for x in cells if x.system == top]
+    bottoms = [x for x in cells if x.system == bottom]
+    if not tops or not bottoms:
+        return float("nan")
+    return median_cell(tops).rate / median_cell(bottoms).rate
 
 
 def cmd_compare(args) -> int:
