@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -354,7 +355,7 @@ def ratios(cells: list[Cell]) -> list[str]:
             line = f"C={c}: {top} / {bottom} = {_ratio(at_c, top, bottom):.2f}x"
             if len(runs) > 1:
                 each = [_ratio([x for x in at_c if x.run == r], top, bottom) for r in runs]
-                known = [f"{r:.2f}x" for r in each if r == r]  # NaN: a run lacks a cell
+                known = [f"{r:.2f}x" for r in each if not math.isnan(r)]  # a run lacks a cell
                 line += f" (each run: {', '.join(known)})"
             lines.append(line)
     return lines
