@@ -55,6 +55,12 @@ def register(groups: argparse._SubParsersAction) -> None:
         help="ZooKeeper ensemble size (default 3, replicated like a waltz partition)",
     )
     c.add_argument("--json", metavar="PATH", help="also write every cell as JSON")
+    c.add_argument(
+        "--floor",
+        action="store_true",
+        help="instead: what this machine allows a replicated write at C=1 with no logic "
+        "(client, relay and 3 syncing nodes; uses --size, --seconds, --runs)",
+    )
     p.set_defaults(func=cmd_bench, sweep_defaults={n: p.get_default(n) for n in SWEEP_ONLY})
 
 
@@ -198,14 +204,21 @@ SWEEP_ONLY = (
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.compare and args.floor:
+        print("waltz bench: error: --compare and --floor are two separate measurements")
+        return 2
     if args.compare:
         from .compare import cmd_compare
 
         return cmd_compare(args)
+    if args.floor:
+        from .floor import cmd_floor
+
+        return cmd_floor(args)
     given = [n for n in SWEEP_ONLY if getattr(args, n) != args.sweep_defaults[n]]
     if given:
         flags = ", ".join("--" + n.replace("_", "-") for n in given)
-        print(f"waltz bench: error: {flags} only apply with --compare (the sweep)")
+        print(f"waltz bench: error: {flags} only apply with --compare (the sweep) or --floor")
         return 2
     names = ("transactions", "partitions", "clients", "concurrency", "consumers")
     if not check_at_least_one("waltz bench", args, *names):
