@@ -3,12 +3,15 @@ whose nodes wrote, and synced, every record."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from waltz_client.demo.floor import FloorRow, floor_table, measure_floor
+from waltz_client.demo.floor import FloorRow, _get, floor_table, measure_floor
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -75,3 +78,15 @@ def test_the_command_prints_both_rows(tmp_path) -> None:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "| client, relay, 3 nodes, quorum 2, fsync off |" in result.stdout
     assert "| client, relay, 3 nodes, quorum 2, fdatasync |" in result.stdout
+
+
+def test_a_process_that_dies_is_named_at_once_not_waited_for() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    dead = ctx.Process(target=os._exit, args=(3,), name="floor node 1")
+    dead.start()
+    dead.join()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="floor node 1 exited with code 3"):
+        _get(queue, [dead], timeout=60)
+    assert time.monotonic() - started < 30

@@ -15,6 +15,23 @@ from ..local.cluster import LocalCluster
 FAST_FAILOVER = ["--zk-session-timeout", "4"]
 
 
+class WritesMeasured:
+    """For a dataclass with ``writes`` done in ``seconds`` and their ``latencies_ms``
+    sorted: the rate and the percentiles."""
+
+    writes: int
+    seconds: float
+    latencies_ms: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.writes / self.seconds
+
+    def percentile(self, q: float) -> float:
+        lat = self.latencies_ms
+        return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
+
+
 def check_at_least_one(prog: str, args: argparse.Namespace, *names: str) -> bool:
     """Print a one-line error (and return False) for the first of ``names`` below 1."""
     for name in names:

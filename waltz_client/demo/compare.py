@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from ..local.zookeeper_ensemble import ZooKeeperEnsemble
 from ..process_cpu import cpu_seconds
 from ..wire.native import describe as describe_loops
-from .common import fresh_cluster
+from .common import WritesMeasured, fresh_cluster
 
 DEFAULT_CONCURRENCY = (1, 16, 64, 256)
 WALTZ_SYSTEMS = ("waltz, 1 partition", "waltz, 4 partitions")
@@ -47,7 +47,7 @@ LOAD = "load"  # the role of the load processes, whose CPU is not the cluster's
 
 
 @dataclass
-class Cell:
+class Cell(WritesMeasured):
     """One run of one system at one concurrency."""
 
     system: str
@@ -61,14 +61,6 @@ class Cell:
     role_cpu_s: dict[str, float] = field(default_factory=dict)
     role_processes: dict[str, int] = field(default_factory=dict)
     run: int = 0  # which run of the sweep (0 first): cells of one run are measured together
-
-    @property
-    def rate(self) -> float:
-        return self.writes / self.seconds
-
-    def percentile(self, q: float) -> float:
-        lat = self.latencies_ms
-        return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
 
     @property
     def cpu_ms_per_write(self) -> float:

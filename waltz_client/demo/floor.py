@@ -25,6 +25,9 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from queue import Empty
+
+from .common import WritesMeasured
 
 ROUND = struct.Struct(">Q")  # a message: its round number, then the record
 STOP = (1 << 64) - 1  # the round that tells every process to report and exit
@@ -34,7 +37,7 @@ FILE_BYTES = 8 << 20  # written with zeros and synced before the first round
 
 
 @dataclass
-class FloorRow:
+class FloorRow(WritesMeasured):
     """One run of the floor: writes, their latencies, and each role's CPU."""
 
     fsync: bool
@@ -45,14 +48,6 @@ class FloorRow:
     cpu: dict[str, tuple[float, float]]
     # each node's (records written, fdatasyncs made): every record reaches every node
     node_work: list[tuple[int, int]]
-
-    @property
-    def rate(self) -> float:
-        return self.writes / self.seconds
-
-    def percentile(self, q: float) -> float:
-        lat = self.latencies_ms
-        return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
 
     def us_per_write(self, role: str, part: int | None = None) -> float:
         """CPU a write of ``role`` in microseconds: user + system, or one of them."""
@@ -139,6 +134,7 @@ def _node(path: str, size: int, fsync: bool, ports, out) -> None:
                 os.fdatasync(fd)
                 synced += 1
             relay.sendall(request[: ROUND.size])
+        relay.close()
         out.put(("nodes", _since(start or _cpu_now())))
         out.put(("node_work", (written, synced)))
     finally:
@@ -162,6 +158,11 @@ def _relay(node_ports: list[int], size: int, port_out, out) -> None:
             node.sendall(request)
         (number,) = ROUND.unpack_from(request)
         if number == STOP:
+            # A node that lagged behind still answers the rounds it had queued: read
+            # them until it closes, so that none of its answers meets a closed socket.
+            for node in nodes:
+                while node.recv(1 << 16):
+                    pass
             break
         answered = 0
         while answered < QUORUM:
@@ -195,39 +196,59 @@ def _client(port: int, size: int, seconds: float, out) -> None:
     out.put(("latencies", latencies))
 
 
+def _get(queue, processes: list, timeout: float):
+    """The next item of ``queue``; RuntimeError, naming it, if one of ``processes`` died
+    first or nothing came within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return queue.get(timeout=0.5)
+        except Empty:
+            pass
+        for proc in processes:
+            if proc.exitcode not in (None, 0):
+                raise RuntimeError(f"{proc.name} exited with code {proc.exitcode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no report from the floor's processes within {timeout:g} s")
+
+
 def measure_floor(data_dir: str, size: int, seconds: float, fsync: bool) -> FloorRow:
     """One run: three node processes, a relay and a client, for ``seconds``."""
     os.makedirs(data_dir, exist_ok=True)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     ports = ctx.Queue()
-    nodes = [
+    processes = [
         ctx.Process(
             target=_node,
+            name=f"floor node {i}",
             args=(os.path.join(data_dir, f"node-{i}.dat"), size, fsync, ports, out),
         )
         for i in range(NODES)
     ]
-    for proc in nodes:
+    for proc in processes:
         proc.start()
-    processes = list(nodes)
     try:
-        node_ports = [ports.get(timeout=120) for _ in nodes]
-        relay = ctx.Process(target=_relay, args=(node_ports, size, ports, out))
+        node_ports = [_get(ports, processes, 120) for _ in range(NODES)]
+        relay = ctx.Process(target=_relay, name="floor relay", args=(node_ports, size, ports, out))
         relay.start()
         processes.append(relay)
-        client = ctx.Process(target=_client, args=(ports.get(timeout=120), size, seconds, out))
+        relay_port = _get(ports, processes, 120)
+        client = ctx.Process(
+            target=_client, name="floor client", args=(relay_port, size, seconds, out)
+        )
         client.start()
         processes.append(client)
         reports: dict[str, list] = {}
         for _ in range(2 * NODES + 3):  # each node's CPU and work, the relay's, the client's
-            role, value = out.get(timeout=seconds + 120)
+            role, value = _get(out, processes, seconds + 120)
             reports.setdefault(role, []).append(value)
     finally:
         for proc in processes:
-            proc.join(30)
+            proc.join(5)
             if proc.is_alive():
                 proc.kill()
+                proc.join()
     latencies = sorted(reports.pop("latencies")[0])
     node_work = reports.pop("node_work")
     cpu = {
