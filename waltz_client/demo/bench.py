@@ -218,7 +218,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     given = [n for n in SWEEP_ONLY if getattr(args, n) != args.sweep_defaults[n]]
     if given:
         flags = ", ".join("--" + n.replace("_", "-") for n in given)
-        print(f"waltz bench: error: {flags} only apply with --compare (the sweep) or --floor")
+        also = " or --floor" if set(given) <= {"seconds", "runs"} else ""
+        print(f"waltz bench: error: {flags} only apply with --compare (the sweep){also}")
         return 2
     names = ("transactions", "partitions", "clients", "concurrency", "consumers")
     if not check_at_least_one("waltz bench", args, *names):

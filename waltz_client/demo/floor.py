@@ -77,11 +77,6 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _listen() -> socket.socket:
-    server = socket.create_server(("127.0.0.1", 0))
-    return server
-
-
 def _accept(server: socket.socket) -> socket.socket:
     conn, _ = server.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -113,7 +108,7 @@ def _node(path: str, size: int, fsync: bool, ports, out) -> None:
         for offset in range(0, FILE_BYTES, len(chunk)):
             os.pwrite(fd, chunk, offset)
         os.fsync(fd)
-        server = _listen()
+        server = socket.create_server(("127.0.0.1", 0))
         ports.put(server.getsockname()[1])
         relay = _accept(server)
         message = ROUND.size + size
@@ -145,7 +140,7 @@ def _node(path: str, size: int, fsync: bool, ports, out) -> None:
 def _relay(node_ports: list[int], size: int, port_out, out) -> None:
     """Send each record to every node; answer the client once a quorum answered."""
     nodes = [_connect(port) for port in node_ports]
-    server = _listen()
+    server = socket.create_server(("127.0.0.1", 0))
     port_out.put(server.getsockname()[1])
     client = _accept(server)
     message = ROUND.size + size
