@@ -12,6 +12,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+from . import event_loop
 from .callbacks import WaltzClientCallbacks
 from .client import SubmitResult, WaltzClient
 from .config import WaltzClientConfig
@@ -19,22 +20,14 @@ from .transaction import TransactionContext
 from .wire.records import Record, RecordBatch, UncheckedRecords
 
 
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop where it is installed, as the daemons run: its transports read and write in
-    C, which is most of a bulk reader's loop (a Spark task's range reads)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 class BlockingWaltzClient:
     def __init__(
         self, config: WaltzClientConfig, callbacks: WaltzClientCallbacks | None = None
     ) -> None:
         client = WaltzClient(config, callbacks)  # bad arguments fail before a thread starts
-        self._loop = _new_event_loop()
+        # uvloop where installed, as the daemons run: its transports read and write in C,
+        # which is most of a bulk reader's loop (a Spark task's range reads).
+        self._loop = event_loop.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="waltz-client-loop", daemon=True
         )

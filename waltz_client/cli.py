@@ -12,6 +12,8 @@ import logging
 import sys
 from importlib.metadata import entry_points
 
+from . import event_loop
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="waltz", description="Waltz administration tools")
@@ -23,6 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    try:
+        event_loop.chosen()  # a bad WALTZ_EVENT_LOOP: one line, before anything starts
+    except event_loop.EventLoopChoiceError as e:
+        print(f"waltz: error: {e}", file=sys.stderr)
+        sys.exit(2)
     # Warnings and errors of our own reach the terminal; kazoo's reconnect chatter
     # (expected while the demo and smoke test stop ZooKeeper and servers) does not.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

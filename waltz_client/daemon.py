@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import event_loop
 from .http_guard import GuardedSite, start_guarded_http
 from .tls import TlsContexts, TlsFiles
 
@@ -100,7 +101,7 @@ def run_daemon(
     config_error: type[Exception],
 ) -> None:
     """Load the config (a bad one: one line, exit 2), set up logging, run ``serve`` on
-    uvloop where it is installed, exit with its status."""
+    uvloop where it is installed (``event_loop``), exit with its status."""
     try:
         config = load()
     except config_error as e:
@@ -111,9 +112,10 @@ def run_daemon(
     )
     logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        runner = asyncio.run
-    sys.exit(runner(serve(config)))
+        factory = event_loop.loop_factory()
+    except event_loop.EventLoopChoiceError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        code = runner.run(serve(config))
+    sys.exit(code)

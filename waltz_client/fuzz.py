@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from . import event_loop
 from .wire.client_messages import (
     CLIENT_REQUESTS,
     SERVER_PROTOCOL_VERSIONS,
@@ -1216,15 +1217,6 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_fuzz)
 
 
-def _run(coro):  # uvloop where installed: the fuzzer's own speed bounds frames/s
-    try:
-        import uvloop
-
-        return uvloop.run(coro)
-    except ImportError:  # pragma: no cover
-        return asyncio.run(coro)
-
-
 def _every_ten_probes(announce: Callable[[str], None]) -> Callable[[FuzzStats], None]:
     """A progress line every ten probes (about ten seconds)."""
 
@@ -1254,7 +1246,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     print(f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions")
     cluster.start()
     try:
-        result = _run(
+        result = event_loop.run(
             fuzz_cluster(
                 cluster,
                 frames=args.frames,
@@ -1323,7 +1315,7 @@ def _cmd_target(args: argparse.Namespace) -> int:
         f"{args.frames:,} frames, seed {args.seed}",
         flush=True,
     )
-    stats = _run(
+    stats = event_loop.run(
         fuzz_target(
             endpoint,
             target,
@@ -1335,7 +1327,7 @@ def _cmd_target(args: argparse.Namespace) -> int:
         )
     )
     print("\n".join(describe_stats(stats)))
-    check = _run(check_client(args.zookeeper, args.zk_root)) if args.zookeeper else None
+    check = event_loop.run(check_client(args.zookeeper, args.zk_root)) if args.zookeeper else None
     return _verdict([stats], check, [args.target] if stats.alive_after is False else [])
 
 
@@ -1367,6 +1359,6 @@ def _replay(endpoint: Endpoint, target: FuzzTarget, args: argparse.Namespace) ->
             stats.answered_after = False
         return stats
 
-    stats = _run(once())
+    stats = event_loop.run(once())
     print(f"after: alive {stats.alive_after}, answers {stats.answered_after}")
     return 1 if stats.failed else 0

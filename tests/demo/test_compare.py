@@ -4,6 +4,7 @@ checks, and one small real cell against a local cluster."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -86,12 +87,15 @@ def test_ratios_of_each_run_show_the_spread() -> None:
     assert ratios(partial)[1] == f"C=16: {one} / {ZOOKEEPER} = 10.00x (each run: 5.00x)"
 
 
-def waltz(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def waltz(
+    *args: str, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "waltz_client.cli", "bench", "--compare", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -143,6 +147,9 @@ def test_a_small_sweep_on_a_real_cluster(tmp_path, zookeeper_available) -> None:
     assert only["cluster_cpu_s"] == pytest.approx(cluster)
     assert "| CPU a write, a process | C=2 |" in result.stdout
     assert "storage 3 x " in result.stdout
+    # The load processes drive the client on uvloop, as every waltz command does.
+    assert only["load_client"] == "WaltzClient on uvloop"
+    assert "waltz's load on uvloop" in result.stdout
 
 
 def test_the_zookeeper_column_runs_a_three_member_ensemble(tmp_path, zookeeper_available) -> None:
@@ -150,9 +157,15 @@ def test_the_zookeeper_column_runs_a_three_member_ensemble(tmp_path, zookeeper_a
     result = waltz(
         "--data-dir", str(tmp_path / "data"), "--compare-concurrency", "2",
         "--compare-partitions", "1", "--seconds", "1", "--runs", "1", "--json", str(out),
+        env={"WALTZ_EVENT_LOOP": "asyncio"},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"| {ZOOKEEPER} |" in result.stdout and ZOOKEEPER == "zookeeper (3 members)"
+    # WALTZ_EVENT_LOOP reaches the load processes; ZooKeeper's load is kazoo's threads.
+    cells = {c["system"]: c for c in json.loads(out.read_text())}
+    assert cells["waltz, 1 partition"]["load_client"] == "WaltzClient on asyncio"
+    assert cells[ZOOKEEPER]["load_client"] == "kazoo (threads)"
+    assert "waltz's load on asyncio" in result.stdout
     assert f"C=2: waltz, 1 partition / {ZOOKEEPER} = " in result.stdout
     zk = next(c for c in json.loads(out.read_text()) if c["system"] == ZOOKEEPER)
     # The CPU of all three JVMs was counted: each spends some on every write.

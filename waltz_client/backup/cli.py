@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -13,6 +12,7 @@ import uuid
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
+from waltz_client import event_loop
 from waltz_client.client import WaltzError
 from waltz_client.cluster.acl import credential_from_setting
 from waltz_client.cluster.paths import ClusterPaths
@@ -207,7 +207,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     except (ClusterError, ValueError, WaltzConfigError) as e:
         return _error("backup", str(e), 2)
     try:
-        result = asyncio.run(run_backup(args.path, zk, config, settings, _say(args)))
+        result = event_loop.run(run_backup(args.path, zk, config, settings, _say(args)))
     except (BackupError, WaltzError, ClusterError) as e:
         return _error("backup", str(e), 1)
     finally:

@@ -15,6 +15,7 @@ import platform
 import random
 import time
 
+from .. import event_loop
 from ..callbacks import WaltzClientCallbacks
 from ..client import SubmitStatus, WaltzClient
 from ..config import WaltzClientConfig
@@ -231,9 +232,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions")
     cluster.start()
     try:
-        produced = asyncio.run(_produce(args, cluster))
+        produced = event_loop.run(_produce(args, cluster))
         total = produced["committed"] + args.clients * args.partitions  # with the warm-ups
-        consumed = asyncio.run(_consume(args, cluster, total))
+        consumed = event_loop.run(_consume(args, cluster, total))
     finally:
         cluster.stop()
     mode = f"open loop at {args.rate:g} tx/s" if args.rate else f"{args.concurrency} outstanding"

@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 
+from .. import event_loop
 from ..callbacks import WaltzClientCallbacks
 from ..client import SubmitStatus, WaltzClient
 from ..cluster.zk import ClusterError
@@ -154,7 +155,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("waltz check: error: --transactions must be at least 1", file=sys.stderr)
         return 2
     try:
-        problems = asyncio.run(asyncio.wait_for(_check(args), args.timeout))
+        problems = event_loop.run(asyncio.wait_for(_check(args), args.timeout))
     except (WaltzConfigError, ValueError, ClusterError) as e:
         print(f"waltz check: error: {e}", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from .. import event_loop
 from ..local.zookeeper_ensemble import ZooKeeperEnsemble
 from ..process_cpu import cpu_seconds
 from ..wire.native import describe as describe_loops
@@ -61,6 +62,8 @@ class Cell(WritesMeasured):
     role_cpu_s: dict[str, float] = field(default_factory=dict)
     role_processes: dict[str, int] = field(default_factory=dict)
     run: int = 0  # which run of the sweep (0 first): cells of one run are measured together
+    # What the load processes wrote through: "WaltzClient on uvloop", "kazoo (threads)".
+    load_client: str = ""
 
     @property
     def cpu_ms_per_write(self) -> float:
@@ -114,9 +117,11 @@ def _waltz_load(
                         latencies.append((time.perf_counter() - t0) * 1000)
 
             await asyncio.gather(*(slot() for _ in range(inflight)))
-            return len(latencies), latencies
+            loop = type(asyncio.get_running_loop())
+            kind = "uvloop" if loop.__module__.startswith("uvloop") else "asyncio"
+            return len(latencies), latencies, f"WaltzClient on {kind}"
 
-    out.put(asyncio.run(main()))
+    out.put(event_loop.run(main()))
 
 
 def _zookeeper_load(
@@ -169,7 +174,7 @@ def _zookeeper_load(
     done.wait(seconds + 60)
     zk.stop()
     zk.close()
-    out.put((len(latencies), latencies))
+    out.put((len(latencies), latencies, "kazoo (threads)"))
 
 
 def measure(
@@ -207,11 +212,22 @@ def measure(
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
-    writes = sum(n for n, _ in results)
-    latencies = sorted(x for _, lat in results for x in lat)
+    writes = sum(n for n, _, _ in results)
+    latencies = sorted(x for _, lat, _ in results for x in lat)
     cluster_cpu = sum(used for role, used in role_cpu.items() if role != LOAD)
     counts = {role: len(pids) for role, pids in watched.items()}
-    return Cell(system, concurrency, writes, seconds, latencies, cluster_cpu, role_cpu, counts)
+    client = " and ".join(sorted({c for _, _, c in results}))
+    return Cell(
+        system,
+        concurrency,
+        writes,
+        seconds,
+        latencies,
+        cluster_cpu,
+        role_cpu,
+        counts,
+        load_client=client,
+    )
 
 
 def measure_waltz(
@@ -388,7 +404,8 @@ def cmd_compare(args) -> int:
     print(
         f"waltz bench --compare: closed loop, {args.size}-byte writes, {args.seconds:g} s a "
         f"cell, {args.runs} run(s), a fresh cluster each; {os.cpu_count()} CPUs "
-        f"({platform.machine()}), fsync on, per-record loops {describe_loops()}",
+        f"({platform.machine()}), fsync on, per-record loops {describe_loops()}, waltz's "
+        f"load on {event_loop.describe()}",
         flush=True,
     )
     cells = sweep(

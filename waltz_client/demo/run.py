@@ -19,6 +19,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from .. import event_loop
 from ..client import SubmitStatus, WaltzClient
 from ..config import WaltzClientConfig
 from ..local.cluster import LocalCluster
@@ -298,7 +299,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     say(f"starting a local cluster in {cluster.data_dir}")
     cluster.start(say)
     try:
-        return asyncio.run(run_bank(args, cluster))
+        return event_loop.run(run_bank(args, cluster))
     finally:
         say("stopping the cluster")
         cluster.stop()

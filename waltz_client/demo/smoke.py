@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from .. import event_loop
 from ..callbacks import WaltzClientCallbacks
 from ..client import SubmitStatus, WaltzClient
 from ..config import WaltzClientConfig
@@ -325,7 +326,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     say(f"starting a local cluster in {cluster.data_dir}")
     cluster.start(say)
     try:
-        return asyncio.run(_smoke(args, cluster))
+        return event_loop.run(_smoke(args, cluster))
     finally:
         cluster.stop()
 

@@ -66,6 +66,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from .. import event_loop
 from ..callbacks import WaltzClientCallbacks
 from ..client import MissingTransactions, SubmitStatus, WaltzClient, WaltzError
 from ..cluster import admin
@@ -638,7 +639,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
                 f"retention: keep {args.retention_bytes / 2**20:g} MiB per partition per "
                 f"replica, applied every {args.retention_interval:g} s"
             )
-            doc = asyncio.run(_soak(args, cluster, zk, duration, out, say))
+            doc = event_loop.run(_soak(args, cluster, zk, duration, out, say))
         finally:
             close(zk)
     finally:

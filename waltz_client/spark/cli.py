@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from waltz_client import event_loop
 from waltz_client.client import WaltzClient
 from waltz_client.config import WaltzClientConfig
 from waltz_client.demo.common import check_at_least_one, fresh_cluster, open_loop
@@ -119,7 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cluster.start()
     spark = None
     try:
-        seconds = asyncio.run(_fill(cluster, args.transactions, args.size, args.partitions))
+        seconds = event_loop.run(_fill(cluster, args.transactions, args.size, args.partitions))
         print(
             f"wrote {args.transactions:,} transactions of {args.size} bytes in {seconds:.1f} s "
             f"({args.transactions / seconds:,.0f} tx/s)"
@@ -245,7 +246,7 @@ def _stream_latency(spark, cluster: LocalCluster, options: dict, args) -> None:
     try:
         time.sleep(5)  # the first (empty) micro-batches start the Python workers
         producer = threading.Thread(
-            target=lambda: asyncio.run(
+            target=lambda: event_loop.run(
                 _produce_at(
                     cluster,
                     args.stream_rate,

@@ -18,6 +18,7 @@ import platform
 import tempfile
 import time
 
+from waltz_client import event_loop
 from waltz_client.local.cluster import LocalCluster
 from waltz_client.wire.client_messages import (
     AppendRequest,
@@ -165,7 +166,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions")
         cluster.start()
         try:
-            result = asyncio.run(_drive(cluster, args))
+            result = event_loop.run(_drive(cluster, args))
         finally:
             cluster.stop()
     print(

@@ -21,6 +21,7 @@ import re
 import tempfile
 import time
 
+from waltz_client import event_loop
 from waltz_client.cluster.admin import assign_partitions, read_assignment
 from waltz_client.cluster.zk import close, connect
 from waltz_client.local.cluster import LocalCluster
@@ -215,7 +216,7 @@ def cmd_bench_catch_up(args: argparse.Namespace) -> int:
         print("starting a local cluster: 4 storage nodes, 1 server, partition 0 on 3 of them")
         cluster.start()
         try:
-            result = asyncio.run(_drive(cluster, args))
+            result = event_loop.run(_drive(cluster, args))
         finally:
             cluster.stop()
     print(f"on {os.cpu_count()} CPUs ({platform.machine()})")

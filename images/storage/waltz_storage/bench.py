@@ -25,6 +25,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
+from waltz_client import event_loop
 from waltz_client.process_cpu import process_cpu_seconds
 from waltz_client.wire.framing import FRAME_HEADER
 from waltz_client.wire.native import describe as describe_loops
@@ -242,7 +243,7 @@ def run_bench(
                     "127.0.0.1", ready["port"], key, batch, record_bytes, inflight, duration
                 )
                 cpu_before = process_cpu_seconds(proc.pid)
-                records, latencies, elapsed = asyncio.run(_append_runs(load, partitions))
+                records, latencies, elapsed = event_loop.run(_append_runs(load, partitions))
                 node_cpu = process_cpu_seconds(proc.pid) - cpu_before
                 rate = records / elapsed
                 lat_ms = sorted(x * 1000 for x in latencies)
