@@ -8,6 +8,7 @@ import json
 import urllib.request
 
 import pytest
+import uvloop
 
 from waltz_client import (
     BlockingWaltzClient,
@@ -162,6 +163,7 @@ def test_high_water_marks_range_reads_and_the_blocking_facade(make_cluster):
     cluster = make_cluster(partitions=2)
     config = config_for(cluster, feed=False)
     with BlockingWaltzClient(config) as client:
+        assert isinstance(client._loop, uvloop.Loop)  # its loop thread runs uvloop
         assert client.num_partitions == 2
         for i in range(30):
             result = client.submit(Put(json.dumps({"i": i}).encode(), partition=i % 2))

@@ -5,9 +5,6 @@ starts."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import types
 import warnings
 
@@ -131,38 +128,3 @@ def test_a_daemon_refuses_a_bad_choice_before_serving(
     assert capsys.readouterr().err == (
         "waltz-test: error: WALTZ_EVENT_LOOP='tokio': expected one of uvloop, asyncio\n"
     )
-
-
-def test_a_real_daemon_process_refuses_a_bad_choice(tmp_path) -> None:
-    """The storage daemon as a process: exit 2, one line, nothing written."""
-    data = tmp_path / "data"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "waltz_storage.main",
-            "--directory",
-            str(data),
-            "--cluster-key",
-            "6f1c1d5e-4a54-4bd2-9c8e-3b7f6f1f0a11",
-            "--num-partitions",
-            "1",
-            "--port",
-            "0",
-            "--http-port",
-            "0",
-        ],
-        env={**_plain_env(), "WALTZ_EVENT_LOOP": "tokio"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == [
-        "waltz-storage: error: WALTZ_EVENT_LOOP='tokio': expected one of uvloop, asyncio"
-    ]
-    assert not data.exists()
-
-
-def _plain_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")}

@@ -64,6 +64,16 @@ def test_the_storage_daemon_refuses_bad_settings(tmp_path, args, fragments):
     refused(storage(*args, tmp=tmp_path), "waltz-storage: error:", *fragments)
 
 
+def test_a_bad_event_loop_choice_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("WALTZ_EVENT_LOOP", "tokio")  # the daemon inherits it
+    refused(
+        storage(tmp=tmp_path),
+        "waltz-storage: error: WALTZ_EVENT_LOOP='tokio'",
+        "expected one of uvloop, asyncio",
+    )
+    assert not (tmp_path / "data").exists()
+
+
 @pytest.mark.parametrize(
     ("zookeeper", "fragment"),
     [
