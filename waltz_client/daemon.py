@@ -112,10 +112,8 @@ def run_daemon(
     )
     logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
-        factory = event_loop.loop_factory()
+        event_loop.chosen()  # a bad WALTZ_EVENT_LOOP: one line, before serve() is called
     except event_loop.EventLoopChoiceError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    with asyncio.Runner(loop_factory=factory) as runner:
-        code = runner.run(serve(config))
-    sys.exit(code)
+    sys.exit(event_loop.run(serve(config)))
