@@ -12,6 +12,7 @@ import os
 import struct
 import uuid
 import zlib
+from array import array
 from itertools import accumulate
 
 import pytest
@@ -239,6 +240,123 @@ def test_wire_to_disk_refuses_spans_outside_the_batch():
     with pytest.raises(ValueError):
         native.wire_to_disk(batch.buf, [*batch.spans, (3, 999, 1)], 0, 3, out)
     assert out == b"kept"  # refused before anything is written
+
+
+# --- opening a segment: every record checked -------------------------------------------
+
+
+def disk_records(first_txid: int, lengths: list[int]) -> bytearray:
+    out = bytearray()
+    wire_to_disk(make_batch(first_txid, lengths), 0, len(lengths), out)
+    return out
+
+
+def scan_file(contents: bytes, first_txid: int, chunk: int):
+    """``scan_segment_file`` over ``contents`` after a 128-byte header, reading ``chunk``
+    bytes at a time: (offsets, where the valid records stop, the problem, the data end)."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as f:
+        f.write(bytes(segment_module.HEADER_BYTES) + contents)
+        f.flush()
+        size = segment_module.HEADER_BYTES + len(contents)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(segment_module, "SCAN_CHUNK_BYTES", chunk)
+            offsets, pos, problem, end = segment_module.scan_segment_file(
+                f.fileno(), size, first_txid
+            )
+    return offsets.tolist(), pos, problem, end
+
+
+@SETTINGS
+@given(
+    lengths=st.lists(st.one_of(st.integers(0, 60), st.integers(0, 3000)), max_size=10),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=2),
+    cut=st.one_of(st.just(0), st.integers(0, 200)),
+    zeros=st.sampled_from([0, 0, 7, 36, 4096]),
+    first_change=st.sampled_from([0, 0, 0, 1, -1]),
+    chunk=st.sampled_from([4 * 1024 * 1024, 4 * 1024 * 1024, 37, 100, 1000, 5000]),
+)
+def test_a_segment_is_scanned_the_same_either_way(lengths, flips, cut, zeros, first_change, chunk):
+    """Open's check of every record: the same offsets, stopping place, problem and data
+    end with the compiled scan as with Python's loop, for valid and damaged files, torn
+    tails and zeros written ahead, with records across chunk boundaries."""
+    contents = disk_records(50, lengths)
+    for where, xor in flips:
+        if contents:
+            contents[where % len(contents)] ^= xor
+    if cut:
+        del contents[max(0, len(contents) - cut) :]
+    contents += bytes(zeros)
+    compiled, pure = both(
+        segment_module, lambda: scan_file(bytes(contents), 50 + first_change, chunk)
+    )
+    assert compiled == pure
+    assert compiled[0] == "ok"
+    if not flips and not cut and not first_change:  # every record, the zeros free space
+        offsets, pos, problem, end = compiled[1]
+        starts = list(accumulate([128] + [40 + length for length in lengths]))
+        assert (offsets, pos, problem, end) == (starts[:-1], starts[-1], None, starts[-1])
+
+
+def test_scan_disk_stops_before_what_it_cannot_vouch_for():
+    buf = bytes(disk_records(7, [10, 0, 300]))  # 50, 40 and 340 bytes on disk
+    skip = 60  # the records start this far into the buffer given
+    expected = [skip + 1000, skip + 50 + 1000, skip + 90 + 1000]  # plus the base, 1000
+
+    def offsets(found: bytes) -> list[int]:
+        a = array("q")
+        a.frombytes(found)
+        return a.tolist()
+
+    pos, txid, found = native.scan_disk(bytes(skip) + buf, skip, 7, 1000)
+    assert (pos, txid, offsets(found)) == (skip + 430, 10, expected)
+    # A record cut off by the buffer's end: it stops before it, for the caller to read on.
+    pos, txid, found = native.scan_disk(bytes(skip) + buf[:-1], skip, 7, 1000)
+    assert (pos, txid, offsets(found)) == (skip + 90, 9, expected[:2])
+    # The wrong transaction, a flipped data byte, a flipped head byte: stops before it.
+    assert native.scan_disk(buf, 0, 8, 0)[:2] == (0, 8)
+    damaged = bytearray(buf)
+    damaged[90 + 36 + 5] ^= 1
+    assert native.scan_disk(bytes(damaged), 0, 7, 0)[:2] == (90, 9)
+    damaged = bytearray(buf)
+    damaged[50 + 20] ^= 1
+    assert native.scan_disk(bytes(damaged), 0, 7, 0)[:2] == (50, 8)
+    # A negative length, fewer bytes than a head, nothing at all.
+    negative = bytearray(buf)
+    negative[28:32] = (-1).to_bytes(4, "big", signed=True)
+    assert native.scan_disk(bytes(negative), 0, 7, 0)[:2] == (0, 7)
+    assert native.scan_disk(buf[:35], 0, 7, 0) == (0, 7, b"")
+    assert native.scan_disk(b"", 0, 7, 0) == (0, 7, b"")
+    with pytest.raises(ValueError, match="outside the buffer"):
+        native.scan_disk(buf, len(buf) + 1, 7, 0)
+
+
+def test_scan_disk_leaves_the_last_id_to_python():
+    top = 2**63 - 1
+    buf = bytes(disk_records(top - 1, [3, 3]))
+    pos, txid, found = native.scan_disk(buf, 0, top - 1, 0)
+    assert (pos, txid, len(found)) == (43, top, 8)  # stops before the record of the last ID
+    assert native.scan_disk(buf, 43, top, 0)[:2] == (43, top)
+    # The whole scan still accepts it, through Python's loop.
+    contents = bytes(disk_records(top - 1, [3, 3]))
+    results = both(segment_module, lambda: scan_file(contents, top - 1, 4096))
+    assert results[0] == results[1]
+    assert results[0][1][0] == [128, 171] and results[0][1][2] is None
+
+
+def test_scan_disk_the_same_with_the_gil_released():
+    """Past 256 KiB the loop runs with the GIL released; the result is the same."""
+    buf = bytes(disk_records(0, [1000] * 400))  # 416,000 bytes
+    whole = native.scan_disk(buf, 0, 0, 0)
+    assert whole[:2] == (len(buf), 400)
+    pieces = []
+    pos, txid = 0, 0
+    while pos < len(buf):
+        step = native.scan_disk(buf[: pos + 1040], pos, txid, 0)
+        pieces.append(step[2])
+        pos, txid = step[0], step[1]
+    assert b"".join(pieces) == whole[2]
 
 
 # --- the storage node's append -----------------------------------------------------------

@@ -1,10 +1,11 @@
 /* The per-record loops of the hot paths, compiled: checking a batch of wire records as it
- * arrives, converting records between the wire and a segment's disk layout, and the
- * CRC-32 they all need.
+ * arrives, converting records between the wire and a segment's disk layout, checking
+ * every record of a segment when a node opens it, and the CRC-32 they all need.
  *
  * Every function here is an accelerator of a pure-Python loop that stays the reference
  * (waltz_client/wire/records.py, waltz_storage/segment.py): the check and the read
- * return None on anything wrong, and the Python loop runs again to say precisely what.
+ * return None on anything wrong, the open's scan stops before it, and the Python loop
+ * runs again to say precisely what.
  * The layouts (big-endian):
  *
  *   wire record: i64 txid | 4 x i32 ReqId | i32 header | i32 data length | data
@@ -492,6 +493,71 @@ native_first_gap(PyObject *module, PyObject *args)
     return PyLong_FromSsize_t(n);
 }
 
+PyDoc_STRVAR(scan_disk_doc,
+             "scan_disk(buf, start, expected_txid, base, /) -> tuple[int, int, bytes]\n\n"
+             "Walks the disk records of `buf` from offset `start` while each is whole in\n"
+             "`buf` and valid (transaction expected_txid, then the next; both CRCs match):\n"
+             "(the offset where it stopped, the next expected transaction, the records'\n"
+             "offsets plus `base` as native 64-bit integers for array('q').frombytes). It\n"
+             "stops before the first record that is cut off by the end of `buf`, has a\n"
+             "negative length or is not valid: the caller's Python loop takes that one.");
+
+/* Opening a segment checks every record: this is that loop's common case, with no
+ * Python per record. Where it stops, scan_records in segment.py looks at the record
+ * itself and says what is wrong, so nothing here decides a problem's wording. */
+static PyObject *
+native_scan_disk(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t start;
+    long long expected, base;
+    if (!PyArg_ParseTuple(args, "y*nLL:scan_disk", &view, &start, &expected, &base))
+        return NULL;
+    if (start < 0 || start > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "start is outside the buffer");
+        return NULL;
+    }
+    /* At most one record a DISK_OVERHEAD bytes. */
+    Py_ssize_t most = (view.len - start) / DISK_OVERHEAD;
+    int64_t *found = PyMem_RawMalloc((size_t)(most > 0 ? most : 1) * sizeof(int64_t));
+    if (found == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    const uint8_t *buf = view.buf;
+    Py_ssize_t len = view.len, pos = start, count = 0;
+    int64_t txid = expected;
+    int free_gil = len - start >= GIL_FREE_BYTES;
+    PyThreadState *saved = free_gil ? PyEval_SaveThread() : NULL;
+    while (len - pos >= DISK_HEAD) {
+        const uint8_t *rec = buf + pos;
+        Py_ssize_t length = (int32_t)be32(rec + 28);
+        if (length < 0 || length > len - pos - DISK_OVERHEAD)
+            break; /* cut off by the buffer's end, or a negative length */
+        Py_ssize_t data_end = pos + DISK_HEAD + length;
+        if (txid == INT64_MAX) /* the last ID there is: Python's loop takes it */
+            break;
+        if (be64(rec) != txid || crc32_of(0, rec, DISK_HEAD) != be32(buf + data_end) ||
+            crc32_of(0, rec + DISK_HEAD, (size_t)length) != be32(rec + WIRE_HEAD))
+            break;
+        if (__builtin_add_overflow((int64_t)base, (int64_t)pos, &found[count]))
+            break;
+        count++;
+        txid++;
+        pos = data_end + 4;
+    }
+    if (saved != NULL)
+        PyEval_RestoreThread(saved);
+    PyBuffer_Release(&view);
+    PyObject *offsets =
+        PyBytes_FromStringAndSize((const char *)found, count * (Py_ssize_t)sizeof(int64_t));
+    PyMem_RawFree(found);
+    if (offsets == NULL)
+        return NULL;
+    return Py_BuildValue("nLN", pos, (long long)txid, offsets);
+}
+
 static PyMethodDef native_methods[] = {
     {"crc32", native_crc32, METH_VARARGS, crc32_doc},
     {"crc32_tables", native_crc32_tables, METH_VARARGS, crc32_tables_doc},
@@ -499,6 +565,7 @@ static PyMethodDef native_methods[] = {
     {"wire_to_disk", native_wire_to_disk, METH_VARARGS, wire_to_disk_doc},
     {"disk_to_wire", native_disk_to_wire, METH_VARARGS, disk_to_wire_doc},
     {"first_gap", native_first_gap, METH_VARARGS, first_gap_doc},
+    {"scan_disk", native_scan_disk, METH_VARARGS, scan_disk_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -59,6 +59,7 @@ RECORD_OVERHEAD = RECORD_HEAD_BYTES + _CRC.size  # 40 bytes around the data
 _OFFSET = struct.Struct(">q")
 INDEX_CHECKPOINT = 1000
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
+LAST_TXID = 2**63 - 1  # the largest i64: the compiled scan leaves it to the Python loop
 # An append into blocks the file already has changes neither its size nor its block map,
 # so the fdatasync that makes it durable writes the data and flushes the disk, with no
 # filesystem journal commit (PostgreSQL and BookKeeper zero-fill their logs ahead for the
@@ -615,6 +616,13 @@ def scan_records(fd: int, pos: int, size: int, expected_txid: int) -> tuple[arra
         mv = memoryview(buf)
         rel = 0
         while n - rel >= RECORD_HEAD_BYTES:
+            if native is not None and expected_txid < LAST_TXID:
+                # Past every whole, valid record at once; the loop below takes the one
+                # it stopped before (cut off by the chunk, or wrong: it says what).
+                rel, expected_txid, found = native.scan_disk(buf, rel, expected_txid, pos)
+                offsets.frombytes(found)
+                if n - rel < RECORD_HEAD_BYTES:
+                    break
             txid, _, _, _, _, _, length, data_crc = head(buf, rel)
             data = rel + RECORD_HEAD_BYTES
             end = data + length
