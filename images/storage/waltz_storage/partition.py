@@ -95,6 +95,8 @@ class PartitionLog:
                 )
             if not segments:
                 segments.append(Segment.create(directory, partition_id, cluster_key, log_start))
+            for sealed in segments[:-1]:
+                sealed.release_offsets()
         except BaseException:
             for seg in segments:
                 seg.close()
@@ -151,6 +153,7 @@ class PartitionLog:
             active = self.segments[-1]
             if active.size >= self.segment_bytes and active.count:
                 active.seal()
+                active.release_offsets()
                 active = Segment.create(
                     self.directory, self.partition_id, self.cluster_key, batch.spans[start][0]
                 )
@@ -216,6 +219,7 @@ class PartitionLog:
     def _start_empty_at_log_start(self) -> int:
         """Skip ahead: a new empty segment named by the log start, the rest deleted."""
         self.segments[-1].seal()
+        self.segments[-1].release_offsets()
         self.segments.append(
             Segment.create(self.directory, self.partition_id, self.cluster_key, self.log_start)
         )

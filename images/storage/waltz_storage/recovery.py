@@ -30,7 +30,7 @@ import re
 import struct
 import uuid
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from waltz_client.cluster.metadata import key_fingerprint
 
@@ -80,14 +80,34 @@ class SegmentScan:
     hints: array  # the .idx entries: each was written after its record's fsync
     index_note: str | None  # why the .idx gives no entries at all (missing, other header)
     damage: Damage | None
+    # A segment before the last whose index holds exactly its checked records' offsets:
+    # how many; ``offsets`` and ``hints`` are then dropped (``in_index``), so a partition's
+    # scan holds one segment's offsets at a time, not the whole log's.
+    indexed_records: int = -1
 
     @property
     def name(self) -> str:
         return segment_stem(self.first_txid) + ".seg"
 
     @property
+    def in_index(self) -> bool:
+        return self.indexed_records >= 0
+
+    @property
+    def count(self) -> int:
+        return self.indexed_records if self.in_index else len(self.offsets)
+
+    @property
     def last_txid(self) -> int:
-        return self.first_txid + len(self.offsets) - 1
+        return self.first_txid + self.count - 1
+
+    def offsets_left_in_index(self) -> SegmentScan:
+        """This scan without its offsets, when its index holds exactly them (a segment
+        before the last, undamaged); else itself."""
+        if self.damage is not None or self.index_note is not None or self.hints != self.offsets:
+            return self
+        empty = array("q")
+        return replace(self, offsets=empty, hints=empty, indexed_records=len(self.offsets))
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +273,7 @@ def scan_partition(
         if gap is not None:  # after the header checks, which say more about a misnamed file
             problem = gap
             break
-        scans.append(scan)
+        scans.append(scan if is_last else scan.offsets_left_in_index())
         if scan.damage is None:
             end = scan.last_txid
             continue

@@ -42,6 +42,7 @@ from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch
 
 from .control_file import fsync_directory
 from .errors import CorruptSegment, TransactionNotFound
+from .index_offsets import IndexedOffsets
 
 if TYPE_CHECKING:
     from .group_sync import WriteBack
@@ -233,7 +234,9 @@ class Segment:
         self.first_txid = first_txid
         self._data_fd = data_fd
         self._index_fd = index_fd
-        self.offsets = offsets  # offsets[i] = file offset of transaction first_txid + i
+        # offsets[i] = file offset of transaction first_txid + i: in memory while the segment
+        # can change, in its index file once sealed (release_offsets).
+        self.offsets: array | IndexedOffsets = offsets
         self.size = size  # bytes of the header and records in the data file
         # The data file's length: the records, then zeros written ahead of them.
         self._allocated = size if allocated is None else max(allocated, size)
@@ -315,6 +318,17 @@ class Segment:
         except BaseException:
             os.close(data_fd)
             raise
+        try:
+            # A sealed segment whose index the scan found exact reads its offsets from it.
+            offsets: array | IndexedOffsets = (
+                IndexedOffsets(index_fd, scan.indexed_records, HEADER_BYTES, stem + ".idx")
+                if scan.in_index
+                else array("q", scan.offsets)
+            )
+        except BaseException:
+            os.close(data_fd)
+            os.close(index_fd)
+            raise
         segment = cls(
             directory,
             partition_id,
@@ -322,7 +336,7 @@ class Segment:
             scan.first_txid,
             data_fd,
             index_fd,
-            array("q", scan.offsets),
+            offsets,
             scan.size,
             scan.created_ms,
         )
@@ -332,11 +346,22 @@ class Segment:
             elif os.fstat(data_fd).st_size > scan.size:  # zeros a crash left after the records
                 os.ftruncate(data_fd, scan.size)
                 os.fsync(data_fd)
-            segment._rewrite_index(scan)
+            if scan.in_index:
+                segment._cut_index_to(scan.indexed_records)
+            else:
+                segment._rewrite_index(scan)
         except BaseException:
             segment.close()
             raise
         return segment
+
+    def _cut_index_to(self, count: int) -> None:
+        """The index holds exactly ``count`` whole entries: drop a part-written one after
+        them, if any (as ``_rewrite_index`` does)."""
+        length = HEADER_BYTES + 8 * count
+        if os.fstat(self._index_fd).st_size > length:
+            os.ftruncate(self._index_fd, length)
+            os.fsync(self._index_fd)
 
     def _cut_torn_tail(self, damage: Damage) -> None:
         log.warning(
@@ -400,7 +425,7 @@ class Segment:
             self._durable_length = min(self._durable_length, start)
             raise
         pos = start
-        offsets = self.offsets
+        offsets = self._own_offsets()
         for n in record_sizes:
             offsets.append(pos)
             pos += n
@@ -481,8 +506,35 @@ class Segment:
             os.fsync(self._index_fd)
             self._index_synced = len(self.offsets)
 
+    def release_offsets(self) -> None:
+        """A sealed segment: read its offsets from its index file from now on, not from
+        memory. Only once the file holds every offset, fsync'd; else they stay here."""
+        offsets = self.offsets
+        if not isinstance(offsets, array) or self._dirty or not offsets:
+            return
+        if not self._index_written == self._index_synced == len(offsets):
+            return
+        try:
+            indexed = IndexedOffsets(self._index_fd, len(offsets), HEADER_BYTES, self.index_path)
+            ends = (indexed[0], indexed[-1])
+        except (OSError, ValueError, CorruptSegment) as e:
+            log.warning("%s: keeping its offsets in memory: %s", self.index_path, e)
+            return
+        if ends != (offsets[0], offsets[-1]):
+            log.warning("%s: its entries disagree with the records; kept in memory", self)
+            return
+        self.offsets = indexed
+
+    def _own_offsets(self) -> array:
+        """The offsets in memory again (a sealed segment about to change)."""
+        offsets = self.offsets
+        if isinstance(offsets, IndexedOffsets):
+            self.offsets = offsets = offsets.to_array()
+        return offsets
+
     def truncate_after(self, txid: int) -> None:
         """Drop every record after ``txid`` (``first_txid - 1`` empties the segment); fsync."""
+        self._own_offsets()
         keep = txid - self.first_txid + 1
         if keep < 0:
             raise ValueError(f"transaction {txid} is before {self}")
@@ -521,7 +573,13 @@ class Segment:
         # Always at least one record; then as many as fit in max_bytes.
         while stop > i + 1 and end_of(stop) - start > max_bytes:
             stop = i + 1 + (stop - i - 1) // 2
-        return start, end_of(stop), stop - i
+        end = end_of(stop)
+        if not HEADER_BYTES <= start < end <= self.size:  # a damaged index entry
+            raise CorruptSegment(
+                f"{self.index_path}: transaction {txid}'s records are at offsets {start} to "
+                f"{end}, outside the records ({HEADER_BYTES} to {self.size})"
+            )
+        return start, end, stop - i
 
     def read_batch(self, txid: int, max_records: int, max_bytes: int) -> RecordBatch:
         start, end, count = self._span(txid, max_records, max_bytes)
@@ -549,6 +607,8 @@ class Segment:
                 os.ftruncate(self._data_fd, self.size)
             except OSError as e:
                 log.warning("%s: cannot cut the zeros after the records: %s", self.data_path, e)
+        if isinstance(self.offsets, IndexedOffsets):
+            self.offsets.forget_file()
         for fd in (self._data_fd, self._index_fd):
             if fd >= 0:
                 os.close(fd)
