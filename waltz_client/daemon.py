@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import event_loop
+from . import event_loop, file_limit
 from .http_guard import GuardedSite, start_guarded_http
 from .tls import TlsContexts, TlsFiles
 
@@ -116,4 +116,13 @@ def run_daemon(
     except event_loop.EventLoopChoiceError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    _raise_open_files_limit(logging.getLogger(prog))
     sys.exit(event_loop.run(serve(config)))
+
+
+def _raise_open_files_limit(log: logging.Logger) -> None:
+    before, now, problem = file_limit.raise_open_files_limit()
+    if problem is not None:
+        log.warning("open files: cannot raise the limit of %d: %s", before, problem)
+    elif now != before:
+        log.info("open files: limit raised from %d to %d (the hard limit)", before, now)

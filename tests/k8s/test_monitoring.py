@@ -514,6 +514,7 @@ EXPECTED_ALERTS = {
     "WaltzStoragePartitionUnavailable": "warning",
     "WaltzStorageNodeNotReady": "warning",
     "WaltzStorageDiskFilling": "warning",
+    "WaltzOpenFilesNearLimit": "warning",
     "WaltzOperatorReconcileErrors": "warning",
     "WaltzOperatorZooKeeperUnreachable": "critical",
 }

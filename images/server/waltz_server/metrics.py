@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -18,6 +18,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.
 class ServerMetrics:
     def __init__(self, server: WaltzServer) -> None:
         self.registry = CollectorRegistry()
+        # process_*: CPU, resident memory, open files and their limit (/proc/self).
+        ProcessCollector(registry=self.registry)
         self.connections = Counter(
             "waltz_server_connections", "Client connections accepted", registry=self.registry
         )

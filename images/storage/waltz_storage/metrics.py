@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -37,6 +37,8 @@ class StorageMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_*: CPU, resident memory, open files and their limit (/proc/self).
+        ProcessCollector(registry=r)
         self.appended_records = Counter(
             "waltz_storage_appended_records",
             "Records appended and fsync'd",
