@@ -37,10 +37,16 @@ def assert_reads(log, recs, start: int = 0) -> None:
         ]
 
 
-def test_sealed_segments_keep_their_offsets_in_their_index_files(tmp_path: Path) -> None:
-    recs = make_records(0, 300)
+def filled_log(tmp_path: Path, count: int = 300):
+    """A partition of ``count`` records over several small segments: (log, records)."""
+    recs = make_records(0, count)
     log = open_log(tmp_path)
     append_synced(log, recs)
+    return log, recs
+
+
+def test_sealed_segments_keep_their_offsets_in_their_index_files(tmp_path: Path) -> None:
+    log, recs = filled_log(tmp_path)
     assert len(log.segments) > 3
     # Every sealed segment reads its offsets from its .idx; the active one holds its own.
     assert all(isinstance(s.offsets, IndexedOffsets) for s in log.segments[:-1])
@@ -62,8 +68,7 @@ def test_sealed_segments_keep_their_offsets_in_their_index_files(tmp_path: Path)
 
 
 def test_an_open_scan_holds_no_offsets_of_segments_whose_index_is_exact(tmp_path: Path) -> None:
-    log = open_log(tmp_path)
-    append_synced(log, make_records(0, 300))
+    log, _ = filled_log(tmp_path)
     counts = [s.count for s in log.segments]
     log.close()
     scan = scan_partition(str(tmp_path), 1, None, max_torn_bytes=1 << 20)
@@ -75,9 +80,7 @@ def test_an_open_scan_holds_no_offsets_of_segments_whose_index_is_exact(tmp_path
 
 
 def test_an_index_that_disagreed_at_open_is_rewritten_then_read(tmp_path: Path) -> None:
-    recs = make_records(0, 300)
-    log = open_log(tmp_path)
-    append_synced(log, recs)
+    log, recs = filled_log(tmp_path)
     expected = offsets_of(log)
     second = log.segments[1]
     log.close()
@@ -97,8 +100,7 @@ def test_an_index_that_disagreed_at_open_is_rewritten_then_read(tmp_path: Path) 
 
 
 def test_a_part_written_entry_after_an_exact_index_is_dropped_at_open(tmp_path: Path) -> None:
-    log = open_log(tmp_path)
-    append_synced(log, make_records(0, 300))
+    log, _ = filled_log(tmp_path)
     first = log.segments[0]
     count = first.count
     log.close()
@@ -112,9 +114,7 @@ def test_a_part_written_entry_after_an_exact_index_is_dropped_at_open(tmp_path: 
 
 
 def test_truncating_into_a_sealed_segment_brings_its_offsets_back(tmp_path: Path) -> None:
-    recs = make_records(0, 300)
-    log = open_log(tmp_path)
-    append_synced(log, recs)
+    log, recs = filled_log(tmp_path)
     target = log.segments[1]
     keep_until = target.first_txid + 2
     log.truncate(keep_until)
@@ -132,9 +132,7 @@ def test_truncating_into_a_sealed_segment_brings_its_offsets_back(tmp_path: Path
 
 
 def test_retention_deletes_sealed_segments_whose_offsets_are_in_their_index(tmp_path: Path) -> None:
-    recs = make_records(0, 300)
-    log = open_log(tmp_path)
-    append_synced(log, recs)
+    log, recs = filled_log(tmp_path)
     third = log.segments[2].first_txid
     sizes = sum(s.size for s in log.segments[:2])
     assert log.advance_log_start(third) == sizes
@@ -148,9 +146,7 @@ def test_retention_deletes_sealed_segments_whose_offsets_are_in_their_index(tmp_
 
 
 def test_an_index_damaged_while_serving_is_refused_on_read(tmp_path: Path) -> None:
-    recs = make_records(0, 300)
-    log = open_log(tmp_path)
-    append_synced(log, recs)
+    log, recs = filled_log(tmp_path)
     first = log.segments[0]
     index = tmp_path / f"{first.first_txid:019d}.idx"
     for garbage in (10**12, 3, first.offsets[1] + 1):
