@@ -196,3 +196,24 @@ def test_indexed_offsets_reads_entries_like_an_array(tmp_path: Path) -> None:
             indexed[0]
     finally:
         os.close(fd)
+
+
+def test_a_read_of_a_sealed_segment_reads_its_index_entries_at_once(tmp_path: Path, monkeypatch):
+    log, recs = filled_log(tmp_path)
+    sealed = log.segments[1]
+    assert isinstance(sealed.offsets, IndexedOffsets) and sealed.count > 12
+    reads = []
+    real = IndexedOffsets._read
+
+    def counted(self, first: int, n: int) -> bytes:
+        reads.append((first, n))
+        return real(self, first, n)
+
+    monkeypatch.setattr(IndexedOffsets, "_read", counted)
+    txid = sealed.first_txid + 1
+    batch = sealed.read_batch(txid, 10, 1 << 20)
+    assert [r.data for r in batch.records()] == [r.data for r in recs[txid : txid + 10]]
+    assert reads == [(1, 11)]  # the 10 records' entries and the one after them
+    reads.clear()
+    batch = sealed.read_batch(txid, 10, 100)  # fewer fit: no more entries read than can
+    assert len(batch.spans) >= 1 and reads == [(1, min(11, 100 // 40 + 2))]

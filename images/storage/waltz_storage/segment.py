@@ -232,6 +232,10 @@ class Segment:
         self.partition_id = partition_id
         self.cluster_key = cluster_key
         self.first_txid = first_txid
+        # Named once: every read passes the data file's name along, for its errors.
+        stem = os.path.join(directory, segment_stem(first_txid))
+        self.data_path = stem + ".seg"
+        self.index_path = stem + ".idx"
         self._data_fd = data_fd
         self._index_fd = index_fd
         # offsets[i] = file offset of transaction first_txid + i: in memory while the segment
@@ -253,14 +257,6 @@ class Segment:
         self.device = os.fstat(data_fd).st_dev
 
     # --- naming -------------------------------------------------------------------------
-
-    @property
-    def data_path(self) -> str:
-        return os.path.join(self.directory, segment_stem(self.first_txid) + ".seg")
-
-    @property
-    def index_path(self) -> str:
-        return os.path.join(self.directory, segment_stem(self.first_txid) + ".idx")
 
     @property
     def count(self) -> int:
@@ -558,17 +554,21 @@ class Segment:
 
     # --- reads --------------------------------------------------------------------------
 
-    def _span(self, txid: int, max_records: int, max_bytes: int) -> tuple[int, int, int]:
-        """(start offset, end offset, count) of up to ``max_records`` records from ``txid``."""
+    def _span(self, txid: int, max_records: int, max_bytes: int) -> tuple[int, int, int, array]:
+        """(start offset, end offset, count, the records' offsets) of up to ``max_records``
+        records from ``txid``."""
         i = txid - self.first_txid
-        if not 0 <= i < len(self.offsets):
+        n = len(self.offsets)
+        if not 0 <= i < n:
             raise TransactionNotFound(f"transaction {txid} is not in {self}")
-        offsets = self.offsets
-        stop = min(len(offsets), i + max(max_records, 1))
-        start = offsets[i]
+        # The entries this read can use, in one slice (one pread for a sealed segment): a
+        # record takes at least 40 bytes, so no more than max_bytes // 40 + 1 of them fit.
+        stop = max(i + 1, min(n, i + max_records, i + max_bytes // 40 + 1))
+        entries = self.offsets[i : stop + 1]  # the entry at stop, if any, ends the last
+        start = entries[0]
 
         def end_of(k: int) -> int:
-            return offsets[k] if k < len(offsets) else self.size
+            return entries[k - i] if k < n else self.size
 
         # Always at least one record; then as many as fit in max_bytes.
         while stop > i + 1 and end_of(stop) - start > max_bytes:
@@ -579,24 +579,23 @@ class Segment:
                 f"{self.index_path}: transaction {txid}'s records are at offsets {start} to "
                 f"{end}, outside the records ({HEADER_BYTES} to {self.size})"
             )
-        return start, end, stop - i
+        return start, end, stop - i, entries[: stop - i]
 
     def read_batch(self, txid: int, max_records: int, max_bytes: int) -> RecordBatch:
-        start, end, count = self._span(txid, max_records, max_bytes)
+        start, end, _, offsets = self._span(txid, max_records, max_bytes)
         buf = os.pread(self._data_fd, end - start, start)
         if len(buf) != end - start:
             raise CorruptSegment(
                 f"{self.data_path}: {len(buf)} bytes at offset {start} where the index "
                 f"says {end - start} (the file was cut short)"
             )
-        i = txid - self.first_txid
-        ends = [offset - start for offset in self.offsets[i + 1 : i + count]]
+        ends = [offset - start for offset in offsets[1:]]
         ends.append(end - start)
         return disk_to_wire(buf, txid, ends, self.data_path)
 
     def read_raw(self, txid: int, max_records: int, max_bytes: int) -> tuple[bytes, int]:
         """Raw disk bytes of up to ``max_records`` records and how many there are."""
-        start, end, count = self._span(txid, max_records, max_bytes)
+        start, end, count, _ = self._span(txid, max_records, max_bytes)
         return os.pread(self._data_fd, end - start, start), count
 
     def close(self) -> None:
