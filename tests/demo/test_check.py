@@ -41,3 +41,37 @@ def test_check_without_a_cluster_is_one_error_line(zookeeper):
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("waltz check:")]
     assert errors and "no Waltz cluster at /no-such-cluster" in errors[0], proc.stderr
+
+
+def test_a_transaction_whose_data_cannot_be_fetched_is_applied_when_delivered_again():
+    """The follower applies nothing until it has the data: the client then delivers the
+    transaction again from the follower's high-water mark, and it counts once, no gap."""
+    import asyncio
+
+    from waltz_client.demo.check import _Follower
+
+    class Delivered:
+        partition_id = 0
+
+        def __init__(self, txid: int, data: bytes, failures: int) -> None:
+            self.transaction_id, self._data, self._failures = txid, data, failures
+
+        async def data(self) -> bytes:
+            if self._failures:
+                self._failures -= 1
+                raise RuntimeError("the server is moving the partition")
+            return self._data
+
+    async def scenario() -> _Follower:
+        follower = _Follower({0: 9})
+        first = Delivered(10, b"ten", failures=1)
+        with pytest.raises(RuntimeError):
+            await follower.apply_transaction(first)
+        assert await follower.client_high_water_mark(0) == 9  # where delivery resumes
+        await follower.apply_transaction(first)
+        await follower.apply_transaction(Delivered(11, b"eleven", failures=0))
+        return follower
+
+    follower = asyncio.run(scenario())
+    assert follower.seen == {b"ten": [(0, 10)], b"eleven": [(0, 11)]}
+    assert follower.gaps == [] and follower.applied == {0: 11}

@@ -75,10 +75,12 @@ class _Follower(WaltzClientCallbacks):
 
     async def apply_transaction(self, transaction: Transaction) -> None:
         p, txid = transaction.partition_id, transaction.transaction_id
+        # The data first: if fetching it fails (a server busy or moving), nothing is
+        # applied, and the client delivers the transaction again from applied[p].
+        data = await transaction.data()
         if txid != self.applied[p] + 1:
             self.gaps.append(f"partition {p}: {txid} after {self.applied[p]}")
         self.applied[p] = txid
-        data = await transaction.data()
         self.seen.setdefault(data, []).append((p, txid))
 
 
