@@ -57,7 +57,6 @@ _CRC = struct.Struct(">I")
 RECORD_HEAD = struct.Struct(">qiiiiiiI")  # txid, reqid(4), header, data length, data crc
 RECORD_HEAD_BYTES = RECORD_HEAD.size  # 36
 RECORD_OVERHEAD = RECORD_HEAD_BYTES + _CRC.size  # 40 bytes around the data
-_OFFSET = struct.Struct(">q")
 INDEX_CHECKPOINT = 1000
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 LAST_TXID = 2**63 - 1  # the largest i64: the compiled scan leaves it to the Python loop
@@ -421,7 +420,8 @@ class Segment:
             self._durable_length = min(self._durable_length, start)
             raise
         pos = start
-        offsets = self._own_offsets()
+        offsets = self.offsets  # the active segment's: in memory (truncate_after sees to it)
+        assert isinstance(offsets, array)
         for n in record_sizes:
             offsets.append(pos)
             pos += n
@@ -562,8 +562,8 @@ class Segment:
         if not 0 <= i < n:
             raise TransactionNotFound(f"transaction {txid} is not in {self}")
         # The entries this read can use, in one slice (one pread for a sealed segment): a
-        # record takes at least 40 bytes, so no more than max_bytes // 40 + 1 of them fit.
-        stop = max(i + 1, min(n, i + max_records, i + max_bytes // 40 + 1))
+        # record takes at least RECORD_OVERHEAD bytes, so no more than that many fit.
+        stop = max(i + 1, min(n, i + max_records, i + max_bytes // RECORD_OVERHEAD + 1))
         entries = self.offsets[i : stop + 1]  # the entry at stop, if any, ends the last
         start = entries[0]
 
