@@ -45,8 +45,15 @@ class Unsupported:
     reason: str
 
 
-def ensure_cluster(zk: KazooClient, spec: ClusterSpec) -> Created | Refused | Unsupported:
-    """Create the cluster, or adopt it (blocking ZooKeeper calls: run it off the loop)."""
+def ensure_cluster(
+    zk: KazooClient, spec: ClusterSpec, known_key: str | None = None
+) -> Created | Refused | Unsupported:
+    """Create the cluster, or adopt it (blocking ZooKeeper calls: run it off the loop).
+
+    ``known_key`` is the key this resource's cluster was created with (its status), if it
+    was: such a resource never creates another cluster. Finding no cluster, or another,
+    where its spec now points means the spec moved (a changed ``zookeeper.connect`` or
+    ``root``), and a new, empty cluster there would strand every committed transaction."""
     paths = ClusterPaths.of(spec.zk_root)
     if zk.exists(paths.cluster):
         existing = read_params(zk, spec.zk_root)
@@ -54,6 +61,12 @@ def ensure_cluster(zk: KazooClient, spec: ClusterSpec) -> Created | Refused | Un
             return Refused(
                 f"a different cluster, {existing.name!r}, is at {paths.root} in ZooKeeper; "
                 f"nothing was changed: give this resource another spec.zookeeper.root"
+            )
+        if known_key and str(existing.key) != known_key:
+            return Refused(
+                f"the cluster at {paths.root} on {spec.zookeeper} has key {existing.key}, "
+                f"but this resource's cluster has key {known_key}: it was created anew "
+                f"under the same name; nothing was changed"
             )
         diffs = [
             f"{label} is {have}, the resource asks for {want}"
@@ -70,6 +83,13 @@ def ensure_cluster(zk: KazooClient, spec: ClusterSpec) -> Created | Refused | Un
                 f"the cluster keeps running as it is (set the spec back to clear this)",
             )
         return Created(str(existing.key), adopted=True)
+    if known_key:
+        return Refused(
+            f"this resource's cluster (key {known_key}) is not at {paths.root} on "
+            f"{spec.zookeeper}: spec.zookeeper changed since it was created; no new, empty "
+            f"cluster was created. Set spec.zookeeper back, or move the metadata first "
+            f"(docs/operator.md)"
+        )
     result = create_cluster(
         zk,
         spec.zk_root,

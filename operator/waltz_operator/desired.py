@@ -36,13 +36,20 @@ CONFIG_HASH = "waltz.io/config-hash"
 Manifest = dict[str, Any]
 
 
+# Names the WaltzCluster an object belongs to. ``app.kubernetes.io/instance`` alone does
+# not: the chart gives its own operator and ZooKeeper the release's name there.
+CLUSTER_LABEL = "waltz.io/cluster"
+MANAGED_BY = "waltz-operator"
+
+
 def labels(spec: ClusterSpec, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "waltz",
         "app.kubernetes.io/instance": spec.name,
         "app.kubernetes.io/component": component,
         "app.kubernetes.io/part-of": "waltz",
-        "app.kubernetes.io/managed-by": "waltz-operator",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        CLUSTER_LABEL: spec.name,
     }
 
 
@@ -340,6 +347,12 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
 # --- servers ----------------------------------------------------------------------------
 
 
+def server_tls_name(spec: ClusterSpec) -> str:
+    """The name clients check a server's TLS certificate for: the client Service's
+    (``<name>.<namespace>.svc``), so the server certificate must carry it."""
+    return f"{spec.name}.{spec.namespace}.svc"
+
+
 def server_objects(spec: ClusterSpec) -> list[Manifest]:
     name = f"{spec.name}-server"
     tier = spec.server
@@ -353,6 +366,11 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
         },
     }
     secret_env, secret_volumes, secret_mounts = _secrets(spec, "server")
+    if spec.tls.enabled:
+        # Clients dial a server at its pod IP (a Deployment's pods get no DNS record of
+        # their own), which no certificate names: they check the client Service's name,
+        # which every server's certificate carries, published beside the address.
+        secret_env["WALTZ_SERVER_ADVERTISED_TLS_NAME"] = server_tls_name(spec)
     config_map, annotations = _settings_map(
         spec,
         "server",

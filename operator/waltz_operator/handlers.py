@@ -10,6 +10,7 @@ bookkeeping in ``waltz.io/`` annotations, not in status.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,8 +18,6 @@ from typing import Any
 
 import kopf
 from aiohttp import web
-
-from waltz_client.wire.errors import describe
 
 from .events import Event
 from .kube import Connection, KubeApi
@@ -59,6 +58,28 @@ def post(body: Mapping[str, Any], events: list[Event]) -> None:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
+# kopf asks for credentials again after this long (and at once on a 401), so that a
+# rotated service-account token is picked up; the kubelet renews it well before expiry.
+TOKEN_RECHECK = datetime.timedelta(seconds=60)
+
+
+def connection_info(connection: Connection) -> kopf.ConnectionInfo:
+    """kopf's credentials: the same server, certificates and current token as ours."""
+    token = connection.current_token()
+    return kopf.ConnectionInfo(
+        server=connection.server,
+        scheme="Bearer" if token else None,
+        token=token,
+        ca_path=connection.ca_file,
+        certificate_path=connection.cert_file,
+        private_key_path=connection.key_file,
+        insecure=connection.insecure or None,
+        expiration=(
+            datetime.datetime.now(datetime.UTC) + TOKEN_RECHECK if connection.token_file else None
+        ),
+    )
+
+
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     resource = {"group": GROUP, "version": VERSION, "plural": PLURAL, "registry": registry}
 
@@ -92,24 +113,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        c = config.connection
-        return kopf.ConnectionInfo(
-            server=c.server,
-            token=c.token,
-            ca_path=c.ca_file,
-            certificate_path=c.cert_file,
-            private_key_path=c.key_file,
-            insecure=c.insecure or None,
-        )
+        return connection_info(config.connection)
 
     async def reconcile(body: kopf.Body, **_: Any) -> None:
         assert config.reconciler is not None and config.kube is not None
-        try:
-            outcome = await config.reconciler.reconcile(body)
-        except Exception as e:  # a ZooKeeper or API hiccup: look again soon, not in 60 s
-            raise kopf.TemporaryError(
-                f"reconcile failed: {describe(e)}", delay=config.reconcile_interval
-            ) from e
+        outcome = await config.reconciler.reconcile(body)
         post(body, outcome.events)
         if outcome.status_changed:
             await config.kube.patch(
@@ -119,6 +127,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 {"status": outcome.status},
                 subresource="status",
             )
+        if outcome.failed:  # the status says why; look again soon, not in kopf's 60 s
+            message = next(
+                (c["message"] for c in outcome.status["conditions"] if c["type"] == "Degraded"),
+                "reconcile failed",
+            )
+            raise kopf.TemporaryError(message, delay=config.reconcile_interval)
 
     kopf.on.create(**resource, id="reconcile-created")(reconcile)
     kopf.on.update(**resource, id="reconcile-changed")(reconcile)

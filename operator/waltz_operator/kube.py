@@ -5,11 +5,16 @@ Credentials come from the same place as kopf's (``connection_from_environment``:
 pod's service account, else a kubeconfig), and objects are written with server-side
 apply (field manager ``waltz-operator``), so the operator owns exactly the fields it
 sets and a re-apply of the same object changes nothing.
+
+A service account token is projected and time-bound (an hour by default, rotated by the
+kubelet before it expires): it is read from its file again once it has changed, and at
+once when the API server answers 401, never cached for the life of the process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,33 +50,93 @@ class ApiError(Exception):
 @dataclass(frozen=True)
 class Connection:
     server: str
-    token: str | None = None
+    token: str | None = None  # a fixed token (a kubeconfig's)
+    token_file: str | None = None  # read again when it changes (a projected token)
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
     insecure: bool = False
 
+    def current_token(self) -> str | None:
+        """The token to send now: the token file's content if there is one."""
+        if self.token_file is None:
+            return self.token
+        return _token_files.read(self.token_file) or self.token
+
+
+class _TokenFiles:
+    """Token files by path, read again whenever their modification time or size changes
+    (the kubelet replaces a projected token by an atomic rename)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+    def read(self, path: str) -> str | None:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            with open(path) as f:
+                token = f.read().strip()
+        except OSError:
+            return None
+        self._cache[path] = (key, token)
+        return token or None
+
+    def forget(self, path: str) -> None:
+        self._cache.pop(path, None)
+
+
+_token_files = _TokenFiles()
+
+
+def bearer_token(api_key: Mapping[str, str]) -> str | None:
+    """The token the official client's loaders found. They keep it as ``"bearer <token>"``
+    under ``BearerToken`` (older releases: ``authorization``)."""
+    value = api_key.get("BearerToken") or api_key.get("authorization") or ""
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return token.strip() or None
+    return value.strip() or None
+
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
 
 def connection_from_environment(
-    kubeconfig: str | None = None, context: str | None = None
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    service_account_dir: str = SERVICE_ACCOUNT_DIR,
 ) -> Connection:
-    """The in-cluster service account if there is one, else the kubeconfig (``$KUBECONFIG``
+    """The in-cluster service account if there is one (``$KUBERNETES_SERVICE_HOST`` and the
+    account's token and CA in ``service_account_dir``), else the kubeconfig (``$KUBECONFIG``
     or ``~/.kube/config``), read by the official client's loaders."""
     from kubernetes import config
     from kubernetes.client import Configuration
+    from kubernetes.config.incluster_config import InClusterConfigLoader
 
     cfg = Configuration()
+    token_file = None
     try:
         if kubeconfig is not None:
             raise config.ConfigException("a kubeconfig was given")
-        config.load_incluster_config(client_configuration=cfg)
+        token_file = os.path.join(service_account_dir, "token")
+        InClusterConfigLoader(
+            token_filename=token_file,
+            cert_filename=os.path.join(service_account_dir, "ca.crt"),
+        ).load_and_set(cfg)
     except config.ConfigException:
+        token_file = None
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-    auth = (cfg.api_key or {}).get("authorization") or ""
-    token = auth.removeprefix("Bearer ").strip() or None
     return Connection(
         server=cfg.host,
-        token=token,
+        token=bearer_token(cfg.api_key or {}),
+        token_file=token_file,
         ca_file=cfg.ssl_ca_cert,
         cert_file=cfg.cert_file,
         key_file=cfg.key_file,
@@ -91,8 +156,6 @@ class KubeApi:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         headers = {"Accept": "application/json"}
-        if connection.token:
-            headers["Authorization"] = f"Bearer {connection.token}"
         ssl_context: ssl.SSLContext | bool = False
         if connection.server.startswith("https"):
             if connection.insecure:
@@ -124,16 +187,27 @@ class KubeApi:
         if query:
             url += "?" + urlencode(query)
         data = json.dumps(body) if body is not None else None
+        status, reason, text = await self._send(method, url, data, content_type)
+        if status == 401 and self.connection.token_file:
+            _token_files.forget(self.connection.token_file)  # rotated under us: read it again
+            status, reason, text = await self._send(method, url, data, content_type)
+        if status >= 400:
+            try:
+                message = json.loads(text).get("message", text)
+            except (ValueError, AttributeError):
+                message = text
+            raise ApiError(status, message.strip() or reason or "")
+        return json.loads(text) if text else None
+
+    async def _send(
+        self, method: str, url: str, data: str | None, content_type: str
+    ) -> tuple[int, str, str]:
         headers = {"Content-Type": content_type} if data is not None else {}
+        token = self.connection.current_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         async with self._session.request(method, url, data=data, headers=headers) as response:
-            text = await response.text()
-            if response.status >= 400:
-                try:
-                    message = json.loads(text).get("message", text)
-                except (ValueError, AttributeError):
-                    message = text
-                raise ApiError(response.status, message.strip() or response.reason or "")
-            return json.loads(text) if text else None
+            return response.status, response.reason or "", await response.text()
 
     async def get(self, kind: str, namespace: str | None, name: str) -> dict | None:
         """The object, or None if there is none."""
@@ -191,13 +265,16 @@ class KubeApi:
         path = object_path(kind, namespace, name) + (f"/{subresource}" if subresource else "")
         return await self._call("PATCH", path, patch, "application/merge-patch+json")
 
-    async def delete(self, kind: str, namespace: str | None, name: str) -> bool:
-        """Delete it (its dependents in the background); False if it was gone."""
+    async def delete(
+        self, kind: str, namespace: str | None, name: str, propagation: str = "Background"
+    ) -> bool:
+        """Delete it; its dependents go in the background, or stay with ``"Orphan"``.
+        False if it was gone."""
         try:
             await self._call(
                 "DELETE",
                 object_path(kind, namespace, name),
-                {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+                {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
             )
             return True
         except ApiError as e:

@@ -36,6 +36,7 @@ from kazoo.client import KazooClient
 
 from waltz_client.cluster import admin
 from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.wire.errors import describe
 
 from .bootstrap import Created, Refused, Unsupported, cluster_name, ensure_cluster
 from .desired import desired_objects, selector
@@ -58,13 +59,22 @@ from .rollout import (
     next_scale_down_step,
 )
 from .spec import STORAGE_HTTP_PORT, ClusterSpec, SpecError, parse
-from .status import Observed, compute_status
-from .teardown import tear_down
+from .status import Observed, compute_status, failure_status
+from .teardown import own_claims, tear_down
+from .volumes import (
+    Recreate,
+    RefuseVolumeChange,
+    needs_restart_to_resize,
+    plan_volume_change,
+    resizing,
+)
 from .zk_secrets import SecretProblem, ZkAccess, zk_access
 
 log = logging.getLogger(__name__)
 
 PAUSE_ANNOTATION = "waltz.io/paused"
+# While the same failure lasts, its Warning Event is posted again this often (seconds).
+WARNING_REPEAT = 600.0
 REVISION_LABEL = "controller-revision-hash"
 
 
@@ -74,6 +84,7 @@ class Outcome:
     events: list[Event] = field(default_factory=list)
     busy: bool = False  # a step is under way: look again soon
     status_changed: bool = True  # differs from the last status written
+    failed: bool = False  # the reconcile stopped on an error: try again soon
 
 
 def is_paused(body: Mapping[str, Any], spec: ClusterSpec) -> bool:
@@ -96,6 +107,12 @@ def default_storage_http(address: str) -> str:
     """A storage node's readiness URL: its pod's stable name, the HTTP port."""
     host = address.rsplit(":", 1)[0]
     return f"http://{host}:{STORAGE_HTTP_PORT}/readyz"
+
+
+def _keep_claim_template(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """The desired StatefulSet with the live one's claim template, which cannot change."""
+    spec = {**desired["spec"], "volumeClaimTemplates": live["spec"]["volumeClaimTemplates"]}
+    return {**desired, "spec": spec}
 
 
 @dataclass(frozen=True)
@@ -134,6 +151,7 @@ class Reconciler:
         # The last status each cluster was given: newer than a body kopf delivers
         # before the watch brings our own status write back.
         self.statuses: dict[str, dict[str, Any]] = {}
+        self._warned: dict[str, tuple[str, datetime.datetime]] = {}  # the last Warning
 
     async def close(self, grace: float = 30.0) -> None:
         """Stop following every cluster. Reconciles under way finish first (for up to
@@ -226,9 +244,35 @@ class Reconciler:
             with self.metrics.reconcile_seconds.labels(key).time():
                 try:
                     return await self._reconcile(body)
-                except Exception:
+                except Exception as e:  # the API or ZooKeeper refused a step: say so
+                    log.warning("%s: reconcile failed", key, exc_info=True)
                     self.metrics.reconcile_errors.labels(key).inc()
-                    raise
+                    return self._stopped(
+                        body, "ReconcileFailed", f"reconcile failed: {describe(e)}"
+                    )
+
+    def _stopped(self, body: Mapping[str, Any], reason: str, message: str) -> Outcome:
+        """A reconcile that could not go on: the status says why (``failure_status``), and a
+        Warning Event says it when the message is new, or again every ``WARNING_REPEAT``
+        seconds while it lasts (a failure every reconcile would flood the Events)."""
+        meta = body.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        previous = self.statuses.get(key) or dict(body.get("status") or {})
+        generation = int(meta.get("generation") or 0)
+        now = self.clock()
+        status = failure_status(
+            previous, generation, reason, message, now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        )
+        self.statuses[key] = status
+        last = self._warned.get(key)
+        repeat = datetime.timedelta(seconds=WARNING_REPEAT)
+        events = []
+        if last is None or last[0] != message or now - last[1] >= repeat:
+            self._warned[key] = (message, now)
+            events.append(Event("Warning", reason, message))
+        return Outcome(
+            status, events, status_changed=status != previous, failed=reason == "ReconcileFailed"
+        )
 
     async def _reconcile(self, body: Mapping[str, Any]) -> Outcome:
         generation = int((body.get("metadata") or {}).get("generation") or 0)
@@ -239,19 +283,13 @@ class Reconciler:
         try:
             spec = parse(body)
         except SpecError as e:
-            outcome = self._invalid(body, generation, previous, now, str(e))
-            outcome.status_changed = outcome.status != previous
-            self.statuses[key] = outcome.status
-            return outcome
+            return self._stopped(body, "InvalidSpec", str(e))
         paused = is_paused(body, spec)
         spec = replace(spec, paused=paused, address_book=self.settings.address_book)
         try:
             await self._resolve_access(spec)
         except SecretProblem as e:  # it may appear later (cert-manager): look again soon
-            outcome = self._invalid(body, generation, previous, now, str(e), "SecretUnusable")
-            outcome.status_changed = outcome.status != previous
-            self.statuses[key] = outcome.status
-            return outcome
+            return self._stopped(body, "SecretUnusable", str(e))
         monitor = self.monitor(spec)
         if monitor.rounds == 0:
             await monitor.next_view()
@@ -267,37 +305,13 @@ class Reconciler:
         view = monitor.view
 
         if not paused:
-            # 1. The objects; a scale-down keeps the current size until its last step.
-            storage_size = spec.storage.replicas
-            down: Any = None
-            if statefulset is not None and spec.storage.replicas < current:
-                down = (
-                    next_scale_down_step(
-                        spec.storage_addresses(current),
-                        spec.storage.replicas,
-                        view.rollout_states(),
-                        spec.replicas_per_partition,
-                    )
-                    if view is not None
-                    else Wait("waiting to see the cluster's quorum state")
-                )
-                storage_size = current
-                if isinstance(down, Shrink) and view is not None:
-                    # The leaving nodes leave the assignment before their pods go.
-                    blocked, retired = await self._retire(spec, current, down, view)
-                    events += retired
-                    if blocked is None:
-                        storage_size = down.replicas
-                    else:
-                        progress = blocked
-            sized = replace(spec, storage=replace(spec.storage, replicas=storage_size))
-            for obj in desired_objects(sized):
-                await self.kube.apply(obj)
-
-            # 2. CreateCluster, or adopt it.
+            # 1. CreateCluster, or adopt it. Before the objects: a resource whose cluster
+            # exists (its status has the key) applies them only once its cluster is found
+            # where its spec points, so a moved spec.zookeeper never strands the pods.
+            known_key = previous.get("clusterKey") or None
             if monitor.zookeeper_error is None:
                 try:
-                    result = await self._admin_ensure(spec)
+                    result = await self._admin_ensure(spec, known_key)
                 except ClusterError as e:
                     result = None
                     create_error = str(e)
@@ -320,6 +334,44 @@ class Reconciler:
                 elif isinstance(result, Refused):
                     create_error = result.reason
                     degraded.append(result.reason)
+            elif known_key is not None:
+                progress = (
+                    f"changes wait until ZooKeeper at {spec.zookeeper} confirms the cluster "
+                    f"(key {known_key}) is at {spec.zk_root}"
+                )
+
+            # 2. The objects; a scale-down keeps the current size until its last step.
+            storage_size = spec.storage.replicas
+            down: Any = None
+            if cluster_key is not None or known_key is None:
+                if statefulset is not None and spec.storage.replicas < current:
+                    down = (
+                        next_scale_down_step(
+                            spec.storage_addresses(current),
+                            spec.storage.replicas,
+                            view.rollout_states(),
+                            spec.replicas_per_partition,
+                        )
+                        if view is not None
+                        else Wait("waiting to see the cluster's quorum state")
+                    )
+                    storage_size = current
+                    if isinstance(down, Shrink) and view is not None:
+                        # The leaving nodes leave the assignment before their pods go.
+                        blocked, retired = await self._retire(spec, current, down, view)
+                        events += retired
+                        if blocked is None:
+                            storage_size = down.replicas
+                        else:
+                            progress = blocked
+                sized = replace(spec, storage=replace(spec.storage, replicas=storage_size))
+                volume_progress, volume_events, volume_refusal = await self._apply(
+                    sized, statefulset, current
+                )
+                progress = volume_progress or progress
+                events += volume_events
+                if volume_refusal:
+                    degraded.append(volume_refusal)
 
             # 3. Scaling.
             if cluster_key is not None and view is not None and not degraded:
@@ -364,40 +416,67 @@ class Reconciler:
         self.statuses[key] = status
         return Outcome(status, events, busy=progress is not None, status_changed=status != previous)
 
-    async def _admin_ensure(self, spec: ClusterSpec) -> Created | Refused | Unsupported:
-        zk = await self._zookeeper(spec)
-        return await asyncio.to_thread(ensure_cluster, zk, spec)
+    async def _apply(
+        self, spec: ClusterSpec, statefulset: Mapping[str, Any] | None, current: int
+    ) -> tuple[str | None, list[Event], str | None]:
+        """Apply the desired objects: (progress, events, refusal). The storage StatefulSet
+        goes through ``plan_volume_change`` first: its claim template cannot be updated,
+        so a new size is taken by patching the claims and recreating the StatefulSet."""
+        progress: str | None = None
+        events: list[Event] = []
+        refusal: str | None = None
+        for obj in desired_objects(spec):
+            if obj["kind"] == "StatefulSet" and statefulset is not None:
+                if (statefulset.get("metadata") or {}).get("deletionTimestamp"):
+                    progress = "storage volumes: waiting for the old StatefulSet to go"
+                    continue
+                claims = own_claims(
+                    spec,
+                    await self.kube.list(
+                        "PersistentVolumeClaim",
+                        spec.namespace,
+                        {"app.kubernetes.io/instance": spec.name},
+                    ),
+                )
+                plan = plan_volume_change(statefulset, obj, claims)
+                if isinstance(plan, RefuseVolumeChange):
+                    refusal = plan.reason
+                    obj = _keep_claim_template(obj, statefulset)
+                elif isinstance(plan, Recreate):
+                    if spec.storage.replicas != current:
+                        progress = f"storage volumes: {plan.reason}; waits for scaling to end"
+                        obj = _keep_claim_template(obj, statefulset)
+                    else:
+                        for patch in plan.patches:
+                            await self.kube.patch(
+                                "PersistentVolumeClaim", spec.namespace, patch.name, patch.patch
+                            )
+                        await self.kube.delete(
+                            "StatefulSet", spec.namespace, spec.storage_service, "Orphan"
+                        )
+                        events.append(
+                            Event(
+                                "Normal",
+                                "VolumesChanging",
+                                f"{plan.reason}: patched "
+                                f"{', '.join(p.name for p in plan.patches) or 'no claims'}; "
+                                f"the StatefulSet is recreated (its pods keep running)",
+                            )
+                        )
+                        progress = f"storage volumes: {plan.reason}"
+                        continue
+                else:
+                    waiting = resizing(claims)
+                    if waiting:
+                        progress = f"storage volumes resizing: {', '.join(waiting)}"
+            await self.kube.apply(obj)
+        return progress, events, refusal
 
-    def _invalid(
-        self,
-        body: Mapping[str, Any],
-        generation: int,
-        previous: Mapping[str, Any],
-        now: str,
-        reason: str,
-        code: str = "InvalidSpec",
-    ) -> Outcome:
-        """A spec the schema let through but the operator cannot use (or a Secret it
-        names that is missing): report, change nothing."""
-        conditions = [
-            c for c in previous.get("conditions", []) if c.get("type") not in ("Degraded",)
-        ]
-        before = {c.get("type"): c for c in previous.get("conditions", [])}.get("Degraded", {})
-        moved = before.get("status") != "True"
-        conditions.append(
-            {
-                "type": "Degraded",
-                "status": "True",
-                "reason": code,
-                "message": reason,
-                "observedGeneration": generation,
-                "lastTransitionTime": now if moved else before.get("lastTransitionTime", now),
-            }
-        )
-        events = [] if before.get("message") == reason else [Event("Warning", code, reason)]
-        return Outcome(
-            {**previous, "observedGeneration": generation, "conditions": conditions}, events
-        )
+    async def _admin_ensure(
+        self, spec: ClusterSpec, known_key: str | None
+    ) -> Created | Refused | Unsupported:
+        zk = await self._zookeeper(spec)
+        return await asyncio.to_thread(ensure_cluster, zk, spec, known_key)
 
     def _refusal_events(
         self, previous: Mapping[str, Any], status: Mapping[str, Any]
@@ -522,6 +601,15 @@ class Reconciler:
             _ordinal(p): p
             for p in await self.kube.list("Pod", spec.namespace, selector(spec, "storage"))
         }
+        claims = own_claims(
+            spec,
+            await self.kube.list(
+                "PersistentVolumeClaim", spec.namespace, {"app.kubernetes.io/instance": spec.name}
+            ),
+        )
+        # A grown volume whose file system grows only when mounted again: restart its pod,
+        # one at a time like any roll.
+        to_remount = {c["metadata"]["name"] for c in claims if needs_restart_to_resize(c)}
         states = []
         for ordinal in range(int(statefulset["spec"]["replicas"])):
             pod = pods.get(ordinal)
@@ -534,7 +622,10 @@ class Reconciler:
                     address=spec.storage_address(ordinal),
                     ready=not replaced and pod_ready(pod),
                     current=replaced
-                    or (pod["metadata"].get("labels") or {}).get(REVISION_LABEL) == revision,
+                    or (
+                        (pod["metadata"].get("labels") or {}).get(REVISION_LABEL) == revision
+                        and f"data-{spec.storage_pod(ordinal)}" not in to_remount
+                    ),
                 )
             )
         step = next_pod_to_restart(states, view.rollout_states())

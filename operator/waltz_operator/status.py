@@ -184,3 +184,19 @@ def compute_status(
         ],
         "conditions": conditions,
     }
+
+
+def failure_status(
+    previous: Mapping[str, Any], generation: int, reason: str, message: str, now: str
+) -> dict[str, Any]:
+    """The status after a reconcile that could not finish: what was last observed stays,
+    ``Degraded`` (the one condition whose True is bad) says what failed, and
+    ``Progressing`` stops claiming that the cluster is up to date."""
+    prev = {c["type"]: c for c in previous.get("conditions", []) if "type" in c}
+    degraded = _condition("Degraded", True, reason, message, prev, generation, now)
+    progressing = _condition(
+        "Progressing", False, reason, f"stopped: {message}", prev, generation, now
+    )
+    replaced = {"Degraded": degraded, "Progressing": progressing}
+    conditions = [replaced.pop(c.get("type"), c) for c in previous.get("conditions", [])]
+    return {**previous, "conditions": [*conditions, *replaced.values()]}

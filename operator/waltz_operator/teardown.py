@@ -4,13 +4,16 @@ With ``retainVolumes: true`` (the default) nothing is deleted here: the owned ob
 are garbage-collected, the volumes and the ZooKeeper metadata stay. Otherwise the
 servers and storage pods go first (a server must not outlive its metadata), then the
 cluster's ZooKeeper subtree, then the volumes. After ``timeout`` seconds it gives up and
-says what may be left behind.
+says what may be left behind. Only the cluster's own pods and volumes count (``own_pods``,
+``own_claims``): others in the namespace may carry the same ``instance`` label.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from kazoo.client import KazooClient
 
@@ -19,6 +22,7 @@ from waltz_client.cluster.zk import ClusterError
 from waltz_client.wire.errors import describe
 
 from .bootstrap import cluster_name
+from .desired import MANAGED_BY
 from .events import Event
 from .kube import KubeApi
 from .spec import ClusterSpec
@@ -47,8 +51,8 @@ async def tear_down(
             Event(
                 "Warning",
                 "DeleteIncomplete",
-                f"deletion gave up ({why}); check for leftover volumes labelled "
-                f"app.kubernetes.io/instance={spec.name} and the ZooKeeper node "
+                f"deletion gave up ({why}); check for leftover volumes named "
+                f"data-{spec.storage_service}-<ordinal> and the ZooKeeper node "
                 f"{spec.zk_root}",
             )
         ]
@@ -61,13 +65,53 @@ async def tear_down(
     ]
 
 
+def _labelled(spec: ClusterSpec, obj: Mapping[str, Any]) -> bool:
+    found = (obj.get("metadata") or {}).get("labels") or {}
+    return (
+        found.get("app.kubernetes.io/instance") == spec.name
+        and found.get("app.kubernetes.io/managed-by") == MANAGED_BY
+        and found.get("app.kubernetes.io/component") in ("storage", "server")
+    )
+
+
+def own_pods(spec: ClusterSpec, pods: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The cluster's pods among ``pods``: its labels, and a controller that is its storage
+    StatefulSet or a ReplicaSet of its server Deployment. Pods that merely share the
+    ``app.kubernetes.io/instance`` label (the chart's operator and ZooKeeper) are not."""
+    server_sets = re.compile(rf"^{re.escape(spec.name)}-server-[a-z0-9]+$")
+
+    def controlled(pod: Mapping[str, Any]) -> bool:
+        for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+            if not ref.get("controller"):
+                continue
+            if ref.get("kind") == "StatefulSet" and ref.get("name") == spec.storage_service:
+                return True
+            if ref.get("kind") == "ReplicaSet" and server_sets.match(ref.get("name", "")):
+                return True
+        return False
+
+    return [p for p in pods if _labelled(spec, p) and controlled(p)]
+
+
+def own_claims(spec: ClusterSpec, claims: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The storage pods' volumes among ``claims``: the StatefulSet controller names them
+    ``data-<pod>``, and they carry the storage labels."""
+    names = re.compile(rf"^data-{re.escape(spec.storage_service)}-[0-9]+$")
+    return [
+        c
+        for c in claims
+        if names.match((c.get("metadata") or {}).get("name", "")) and _labelled(spec, c)
+    ]
+
+
 async def _delete_everything(
     kube: KubeApi, zookeeper: Callable[[], Awaitable[KazooClient]], spec: ClusterSpec
 ) -> None:
     ns = spec.namespace
+    instance = {"app.kubernetes.io/instance": spec.name}
     await kube.delete("Deployment", ns, f"{spec.name}-server")
     await kube.delete("StatefulSet", ns, spec.storage_service)
-    while await kube.list("Pod", ns, {"app.kubernetes.io/instance": spec.name}):
+    while own_pods(spec, await kube.list("Pod", ns, instance)):
         await asyncio.sleep(1.0)  # servers must be gone before their metadata goes
     zk = await zookeeper()
     try:
@@ -75,7 +119,5 @@ async def _delete_everything(
     except ClusterError as e:
         if "no cluster" not in str(e).lower():
             raise
-    for claim in await kube.list(
-        "PersistentVolumeClaim", ns, {"app.kubernetes.io/instance": spec.name}
-    ):
+    for claim in own_claims(spec, await kube.list("PersistentVolumeClaim", ns, instance)):
         await kube.delete("PersistentVolumeClaim", ns, claim["metadata"]["name"])

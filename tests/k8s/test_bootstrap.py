@@ -72,3 +72,23 @@ def test_another_resource_at_the_same_root_is_refused(zk, zk_root):
     result = ensure_cluster(zk, parse(other))
     assert isinstance(result, Refused)
     assert "a different cluster, 'prod/demo', is at" in result.reason
+
+
+def test_a_known_cluster_is_never_created_again_where_the_spec_now_points(zk, zk_root):
+    """A resource whose cluster exists (its key in the status) and whose spec.zookeeper
+    moved to a root without it: refused, nothing written (was: a second, empty cluster)."""
+    first = ensure_cluster(zk, spec_at(zk_root))
+    assert isinstance(first, Created)
+    moved = spec_at(zk_root + "-moved")
+    refused = ensure_cluster(zk, moved, known_key=first.key)
+    assert isinstance(refused, Refused)
+    assert first.key in refused.reason and "spec.zookeeper changed" in refused.reason
+    assert zk.exists(zk_root + "-moved") is None
+    assert ensure_cluster(zk, spec_at(zk_root), known_key=first.key) == Created(first.key, True)
+
+
+def test_a_cluster_created_anew_under_the_same_name_is_not_adopted(zk, zk_root):
+    first = ensure_cluster(zk, spec_at(zk_root))
+    refused = ensure_cluster(zk, spec_at(zk_root), known_key="another-key")
+    assert isinstance(refused, Refused) and "created anew" in refused.reason
+    assert str(admin.read_params(zk, zk_root).key) == first.key

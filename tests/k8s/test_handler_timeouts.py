@@ -50,7 +50,14 @@ def deleted_cluster_with_a_pod_that_never_goes(api) -> None:
         "metadata": {
             "name": "demo-storage-0",
             "namespace": NS,
-            "labels": {"app.kubernetes.io/instance": "demo"},
+            "labels": {
+                "app.kubernetes.io/instance": "demo",
+                "app.kubernetes.io/component": "storage",
+                "app.kubernetes.io/managed-by": "waltz-operator",
+            },
+            "ownerReferences": [
+                {"kind": "StatefulSet", "name": "demo-storage", "uid": "s1", "controller": True}
+            ],
         },
     }
 
@@ -71,7 +78,7 @@ async def test_a_deletion_that_cannot_finish_gives_up_after_its_timeout(looptime
         gave_up = events(api, "DeleteIncomplete")
         assert gave_up and gave_up[0]["type"] == "Warning"
         assert f"timed out after {DELETE_TIMEOUT:g} s" in gave_up[0]["message"]
-        assert "app.kubernetes.io/instance=demo" in gave_up[0]["message"]  # what to clean
+        assert "data-demo-storage-<ordinal>" in gave_up[0]["message"]  # what to clean
         assert not events(api, "Deleted")
         assert DELETE_TIMEOUT <= waited < DELETE_TIMEOUT + 120
         # The pod was never force-deleted: the operator only deletes its controllers.

@@ -4,6 +4,7 @@ status the CRD's schema accepts."""
 from __future__ import annotations
 
 import copy
+import json
 import pathlib
 
 import jsonschema
@@ -93,3 +94,24 @@ def test_zookeeper_creation_progress_pause_and_refusals_are_reported():
     degraded = Observed(**{**HEALTHY.__dict__, "degraded": ("scale-down to 2 refused: ...",)})
     d = conditions(compute_status(SPEC, 1, degraded, None, T0))["Degraded"]
     assert (d["status"], d["reason"]) == ("True", "Refused")
+
+
+def test_a_failed_reconcile_says_why_and_stops_claiming_up_to_date():
+    from waltz_operator.status import failure_status
+
+    before = compute_status(SPEC, 1, HEALTHY, None, T0)
+    after = failure_status(before, 2, "ReconcileFailed", "reconcile failed: 422 no", T1)
+    got = conditions(after)
+    assert got["Degraded"]["status"] == "True"
+    assert (got["Degraded"]["reason"], got["Degraded"]["message"]) == (
+        "ReconcileFailed",
+        "reconcile failed: 422 no",
+    )
+    assert got["Degraded"]["lastTransitionTime"] == T1
+    assert got["Progressing"]["status"] == "False"
+    assert got["Progressing"]["message"] == "stopped: reconcile failed: 422 no"
+    assert "up to date" not in json.dumps(after)
+    # The rest of what was observed stays, in the same order.
+    assert [c["type"] for c in after["conditions"]] == [c["type"] for c in before["conditions"]]
+    assert got["Ready"] == conditions(before)["Ready"]
+    jsonschema.validate(after, STATUS_SCHEMA)
