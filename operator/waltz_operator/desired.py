@@ -121,6 +121,32 @@ def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+ZONE_LABEL = "topology.kubernetes.io/zone"
+HOST_LABEL = "kubernetes.io/hostname"
+# Soft, so that a cluster smaller than its zones or hosts still schedules.
+DEFAULT_SPREAD: tuple[dict[str, Any], ...] = (
+    {"maxSkew": 1, "topologyKey": ZONE_LABEL, "whenUnsatisfiable": "ScheduleAnyway"},
+    {"maxSkew": 1, "topologyKey": HOST_LABEL, "whenUnsatisfiable": "ScheduleAnyway"},
+)
+
+
+def _default_affinity(spec: ClusterSpec, component: str) -> dict[str, Any]:
+    """Preferably no two pods of a tier on one node."""
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": HOST_LABEL,
+                        "labelSelector": {"matchLabels": selector(spec, component)},
+                    },
+                }
+            ]
+        }
+    }
+
+
 def _pod_spec(
     spec: ClusterSpec,
     tier: TierSpec,
@@ -136,15 +162,17 @@ def _pod_spec(
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,
     }
-    if tier.affinity:
-        pod["affinity"] = dict(tier.affinity)
+    # Spread over zones and hosts unless the spec says otherwise: a zone or a node lost
+    # takes as few replicas of a partition as the cluster's shape allows.
+    pod["affinity"] = dict(tier.affinity) if tier.affinity else _default_affinity(spec, component)
     if tier.tolerations:
         pod["tolerations"] = [dict(t) for t in tier.tolerations]
-    if tier.topology_spread_constraints:
-        pod["topologySpreadConstraints"] = [
-            {"labelSelector": {"matchLabels": selector(spec, component)}, **dict(t)}
-            for t in tier.topology_spread_constraints
-        ]
+    pod["topologySpreadConstraints"] = [
+        {"labelSelector": {"matchLabels": selector(spec, component)}, **dict(t)}
+        for t in (tier.topology_spread_constraints or DEFAULT_SPREAD)
+    ]
+    if tier.priority_class_name:
+        pod["priorityClassName"] = tier.priority_class_name
     if spec.image.pull_secrets:
         pod["imagePullSecrets"] = [{"name": n} for n in spec.image.pull_secrets]
     return pod

@@ -32,6 +32,7 @@ RESOURCES = {
     "Pod": ("api/v1", "pods"),
     "PersistentVolumeClaim": ("api/v1", "persistentvolumeclaims"),
     "Event": ("api/v1", "events"),
+    "Node": ("api/v1", "nodes"),  # read only: their zone labels
     "Secret": ("api/v1", "secrets"),  # read only: spec.zookeeper's authSecret, tlsSecret
     "StatefulSet": ("apis/apps/v1", "statefulsets"),
     "Deployment": ("apis/apps/v1", "deployments"),

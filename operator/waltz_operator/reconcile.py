@@ -35,13 +35,14 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from waltz_client.cluster import admin
+from waltz_client.cluster.metadata import ReplicaAssignment
 from waltz_client.cluster.zk import ClusterError, close, connect
 from waltz_client.wire.errors import describe
 
 from .bootstrap import Created, Refused, Unsupported, cluster_name, ensure_cluster
 from .desired import desired_objects, selector
 from .events import Event
-from .kube import KubeApi
+from .kube import ApiError, KubeApi
 from .metrics import OperatorMetrics
 from .monitor import ClusterMonitor, MonitorSettings
 from .observe import ClusterView
@@ -69,6 +70,7 @@ from .volumes import (
     resizing,
 )
 from .zk_secrets import SecretProblem, ZkAccess, zk_access
+from .zones import group_changes, node_zone, zone_groups
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,7 @@ class Reconciler:
         # before the watch brings our own status write back.
         self.statuses: dict[str, dict[str, Any]] = {}
         self._warned: dict[str, tuple[str, datetime.datetime]] = {}  # the last Warning
+        self._nodes_forbidden = False  # no RBAC to read nodes: no zones
 
     async def close(self, grace: float = 30.0) -> None:
         """Stop following every cluster. Reconciles under way finish first (for up to
@@ -511,12 +514,15 @@ class Reconciler:
         pods = await self.kube.list("Pod", spec.namespace, selector(spec, "storage"))
         ready = {spec.storage_address(_ordinal(p)) for p in pods if pod_ready(p)}
         wanted = spec.storage_addresses()
-        known = await self._assigned_nodes(spec)
+        assignment = await self._assignment(spec)
+        known = set(assignment.storages)
+        zones = await self._zones(spec, pods)
+        groups = zone_groups(zones) if zones is not None else dict(assignment.groups)
         new = [a for a in wanted if a not in known]
         if new:
             joining = [a for a in new if a in ready]
             for address in joining:
-                await self._admin(spec, admin.add_storage, address)
+                await self._admin(spec, admin.add_storage, address, groups.get(address, 0))
                 events.append(Event("Normal", "StorageAdded", f"{address} joined the cluster"))
             waiting = [a for a in new if a not in ready]
             if waiting:
@@ -527,10 +533,22 @@ class Reconciler:
                 )
             return "scaling storage up: new nodes joined", events, None
 
+        changes = group_changes(assignment.groups, groups)
+        if changes:
+            await self._admin(spec, admin.set_storage_groups, changes)
+            events.append(
+                Event(
+                    "Normal",
+                    "ZonesFound",
+                    "storage nodes' zones as placement groups: "
+                    + ", ".join(f"{a} in {zones.get(a) or 'no zone'}" for a in sorted(changes)),
+                )
+            )
         step = next_rebalance_step(
             [a for a in wanted if a in known or a in in_assignment],
             view.rollout_states(),
             spec.replicas_per_partition,
+            groups,
         )
         if isinstance(step, Wait):
             return f"balancing replicas: {step.reason}", events, None
@@ -562,10 +580,35 @@ class Reconciler:
             )
         ]
 
-    async def _assigned_nodes(self, spec: ClusterSpec) -> set[str]:
+    async def _assignment(self, spec: ClusterSpec) -> ReplicaAssignment:
         zk = await self._zookeeper(spec)
         assignment, _ = await asyncio.to_thread(admin.read_assignment, zk, spec.zk_root)
-        return set(assignment.storages)
+        return assignment
+
+    async def _zones(
+        self, spec: ClusterSpec, pods: list[dict[str, Any]]
+    ) -> dict[str, str | None] | None:
+        """Each storage node's zone, from its pod's node (None for a node without a zone
+        label); None as a whole while a pod is not scheduled, or nodes cannot be read."""
+        if len(pods) < spec.storage.replicas or self._nodes_forbidden:
+            return None
+        zones: dict[str, str | None] = {}
+        nodes: dict[str, dict[str, Any] | None] = {}
+        for pod in pods:
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            if not node_name:
+                return None
+            if node_name not in nodes:
+                try:
+                    nodes[node_name] = await self.kube.get("Node", None, node_name)
+                except ApiError as e:
+                    if e.status != 403:
+                        raise
+                    log.warning("cannot read nodes (%s): zones are not used for placement", e)
+                    self._nodes_forbidden = True
+                    return None
+            zones[spec.storage_address(_ordinal(pod))] = node_zone(nodes[node_name])
+        return zones
 
     async def _move(
         self, spec: ClusterSpec, step: Assign | Unassign, what: str

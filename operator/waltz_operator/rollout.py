@@ -197,16 +197,26 @@ def next_rebalance_step(
     addresses: Sequence[str],
     partitions: Mapping[int, PartitionState],
     replicas_per_partition: int,
+    groups: Mapping[str, int] | None = None,
 ) -> Assign | Wait | Unassign | Done:
     """Spread replicas evenly over ``addresses`` (the storage nodes in the assignment), a
     move at a time as in a scale-down: a partition first gets a replica on a light node,
-    and once every replica of it is a member, loses the one on the heaviest node."""
+    and once every replica of it is a member, loses the one on the heaviest node.
+
+    With ``groups`` (failure domains: a node's zone), a partition whose replicas share a
+    group while another group has none of them first gets a replica there, and a
+    partition loses a replica from a group it holds twice before any other; a move for
+    balance never lowers the number of groups a partition spans."""
     if replicas_per_partition == 1:
         # Two replicas of a one-replica partition make a session whose majority is both:
         # dropping either afterwards could lose its vote. Single replicas stay put.
         return Done()
+    group = {a: (groups or {}).get(a, 0) for a in addresses}
     load = {a: sum(1 for s in partitions.values() if a in s.assigned) for a in addresses}
     order = {a: i for i, a in enumerate(addresses)}
+
+    def spread(nodes: Iterable[str]) -> int:
+        return len({group.get(a, 0) for a in nodes})
 
     over = {p: s for p, s in partitions.items() if len(s.assigned) > replicas_per_partition}
     if over:
@@ -215,12 +225,34 @@ def next_rebalance_step(
             return Wait("new replicas are being copied", frozenset(over))
         removals: dict[str, set[int]] = {}
         for p, state in sorted(settled.items()):
-            heaviest = max(state.assigned, key=lambda a: (load.get(a, 0), order.get(a, -1)))
+
+            def shares_a_group(a: str, held: frozenset[str] = state.assigned) -> bool:
+                return sum(1 for b in held if group.get(b, 0) == group.get(a, 0)) > 1
+
+            heaviest = max(
+                state.assigned,
+                key=lambda a: (shares_a_group(a), load.get(a, 0), order.get(a, -1)),
+            )
             removals.setdefault(heaviest, set()).add(p)
         return Unassign({a: frozenset(ps) for a, ps in sorted(removals.items())})
 
     additions: dict[str, set[int]] = {}
     moved: set[int] = set()
+    # Failure domains first: each partition spans as many groups as it can.
+    reachable = min(replicas_per_partition, spread(addresses))
+    for p, state in sorted(partitions.items()):
+        if spread(state.assigned) >= reachable:
+            continue
+        held = {group.get(a, 0) for a in state.assigned}
+        elsewhere = [a for a in addresses if group[a] not in held]
+        if elsewhere:
+            light = min(elsewhere, key=lambda a: (load[a], order[a]))
+            additions.setdefault(light, set()).add(p)
+            moved.add(p)
+            load[light] += 1
+    if additions:
+        return Assign({a: frozenset(ps) for a, ps in sorted(additions.items())})
+
     while True:
         light = min(addresses, key=lambda a: (load[a], order[a]))
         heavy = max(addresses, key=lambda a: (load[a], -order[a]))
@@ -229,7 +261,10 @@ def next_rebalance_step(
         candidates = [
             p
             for p, s in sorted(partitions.items())
-            if heavy in s.assigned and light not in s.assigned and p not in moved
+            if heavy in s.assigned
+            and light not in s.assigned
+            and p not in moved
+            and spread((s.assigned - {heavy}) | {light}) >= spread(s.assigned)
         ]
         if not candidates:
             break

@@ -30,6 +30,7 @@ class TierSpec:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     topology_spread_constraints: tuple[Mapping[str, Any], ...] = ()
     pod_security_context: Mapping[str, Any] = field(default_factory=dict)
+    priority_class_name: str = ""
     settings: Mapping[str, str] = field(default_factory=dict)
     storage_class_name: str = ""  # storage only
     size: str = "10Gi"  # storage only
@@ -138,6 +139,7 @@ def _tier(doc: Mapping[str, Any], where: str, default_replicas: int) -> TierSpec
         tolerations=tuple(_get(doc, "tolerations", list, [], where)),
         topology_spread_constraints=tuple(_get(doc, "topologySpreadConstraints", list, [], where)),
         pod_security_context=_get(doc, "podSecurityContext", dict, {}, where),
+        priority_class_name=_get(doc, "priorityClassName", str, "", where),
         settings=dict(settings),
         storage_class_name=_get(doc, "storageClassName", str, "", where),
         size=_get(doc, "size", str, "10Gi", where),

@@ -439,6 +439,19 @@ def test_add_storage_and_assign(zk, zk_root) -> None:
     assert admin.read_assignment(zk, zk_root)[0] == create(zk, zk_root).assignment
 
 
+def test_set_storage_groups_changes_only_the_groups(zk, zk_root) -> None:
+    before = create(zk, zk_root).assignment
+    a = admin.set_storage_groups(zk, zk_root, {"s0:9000": 2, "s1:9000": 1})
+    assert a.storages == before.storages
+    assert (a.groups["s0:9000"], a.groups["s1:9000"]) == (2, 1)
+    assert admin.read_assignment(zk, zk_root)[0] == a
+    with pytest.raises(ClusterError, match="not in the cluster: gone:1"):
+        admin.set_storage_groups(zk, zk_root, {"gone:1": 1})
+    with pytest.raises(ClusterError, match="a group is a number from 0: s0:9000"):
+        admin.set_storage_groups(zk, zk_root, {"s0:9000": -1})
+    assert admin.read_assignment(zk, zk_root)[0] == a
+
+
 @pytest.mark.parametrize(
     ("op", "fragment"),
     [

@@ -272,3 +272,59 @@ def test_balancing_converges_and_never_leaves_a_partition_short(half, extra, cou
     load = [sum(1 for s in partitions.values() if n in s.assigned) for n in a]
     assert rpp == 1 or max(load) - min(load) <= 1, load
     assert all(len(s.assigned) == rpp for s in partitions.values())
+
+
+def _play(a, partitions, rpp, groups, rounds):
+    """Apply rebalance steps as the operator would (copies finish at each Wait) until
+    Done; the partitions at the end."""
+    for _ in range(rounds):
+        step = next_rebalance_step(a, partitions, rpp, groups)
+        match step:
+            case Done():
+                return partitions
+            case Assign(replicas=adds):
+                for address, ps in adds.items():
+                    for p in ps:
+                        s = partitions[p]
+                        assert address not in s.assigned
+                        partitions[p] = state(s.assigned | {address}, s.members)
+            case Wait():
+                partitions = {p: state(s.assigned) for p, s in partitions.items()}
+            case Unassign(replicas=removals):
+                for address, ps in removals.items():
+                    for p in ps:
+                        s = partitions[p]
+                        assert len(s.assigned) > rpp and s.assigned <= s.members
+                        partitions[p] = state(s.assigned - {address}, s.members)
+        assert all(len(s.assigned) >= rpp for s in partitions.values())
+    raise AssertionError("balancing did not finish")
+
+
+def test_a_cluster_in_one_zone_spreads_into_the_zones_it_now_has():
+    """Created before its pods were scheduled (no zones known): every partition on the
+    three nodes of zone 0. Once the zones are known, each partition spans all three."""
+    a = nodes(6)
+    groups = {a[0]: 0, a[1]: 0, a[2]: 0, a[3]: 1, a[4]: 1, a[5]: 2}
+    partitions = {p: state(a[:3]) for p in range(4)}
+    first = next_rebalance_step(a, partitions, 3, groups)
+    assert isinstance(first, Assign)
+    assert all(groups[address] != 0 for address in first.replicas)
+    end = _play(a, partitions, 3, groups, 100)
+    assert all(len({groups[n] for n in s.assigned}) == 3 for s in end.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3), st.integers(0, 4), st.integers(1, 12), st.data())
+def test_balancing_with_zones_spans_every_zone_it_can(half, extra, count, data):
+    rpp = 2 * half - 1
+    a = nodes(rpp + extra)
+    groups = {n: data.draw(st.integers(0, 3)) for n in a}
+    partitions = {
+        p: state(data.draw(st.sets(st.sampled_from(a), min_size=rpp, max_size=rpp)))
+        for p in range(count)
+    }
+    end = _play(a, partitions, rpp, groups, 20 * count + 20)
+    reachable = min(rpp, len(set(groups.values())))
+    if rpp > 1:
+        assert all(len({groups[n] for n in s.assigned}) >= reachable for s in end.values())
+    assert all(len(s.assigned) == rpp for s in end.values())

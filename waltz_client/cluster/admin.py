@@ -357,6 +357,23 @@ def remove_storage(zk: KazooClient, root: str, address: str) -> ReplicaAssignmen
     return update_assignment(zk, root, change)
 
 
+def set_storage_groups(zk: KazooClient, root: str, groups: dict[str, int]) -> ReplicaAssignment:
+    """Give storage nodes their failure domains (node -> group). Only the labels change:
+    no replica moves, so the majority rule is untouched; a rebalance moves replicas
+    afterwards where a partition's replicas share a group."""
+
+    def change(current: ReplicaAssignment, params: ClusterParams) -> ReplicaAssignment:
+        unknown = sorted(set(groups) - set(current.storages))
+        if unknown:
+            raise ClusterError(f"storage nodes not in the cluster: {', '.join(unknown)}")
+        bad = sorted(s for s, g in groups.items() if g < 0)
+        if bad:
+            raise ClusterError(f"a group is a number from 0: {', '.join(bad)}")
+        return ReplicaAssignment(dict(current.storages), {**current.groups, **groups})
+
+    return update_assignment(zk, root, change)
+
+
 def _check_range(partitions: set[int], params: ClusterParams) -> None:
     bad = sorted(p for p in partitions if not 0 <= p < params.num_partitions)
     if bad:
