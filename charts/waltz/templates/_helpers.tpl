@@ -4,6 +4,11 @@
 {{- printf "%s-waltz-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The operator's Node reader ClusterRole: cluster-scoped, so the namespace is in it. */}}
+{{- define "waltz.nodeReaderName" -}}
+{{- printf "%s-%s-nodes" .Release.Namespace (include "waltz.operatorName" .) -}}
+{{- end -}}
+
 {{- define "waltz.serviceAccountName" -}}
 {{- if .Values.serviceAccount.name -}}
 {{- .Values.serviceAccount.name -}}
@@ -84,5 +89,36 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "waltz.testTlsSecret" -}}
 {{- if .Values.test.tlsSecret -}}{{ .Values.test.tlsSecret }}
 {{- else if .Values.cluster.certManager.enabled -}}{{ printf "%s-check-tls" .Values.cluster.name }}
+{{- end -}}
+{{- end -}}
+
+{{/* A WaltzCluster tier's pod fields from its values (those that are set). */}}
+{{- define "waltz.tierPod" -}}
+{{- $pod := dict -}}
+{{- range $key := list "resources" "affinity" "tolerations" "topologySpreadConstraints" "priorityClassName" -}}
+{{- with get $ $key -}}
+{{- $_ := set $pod $key . -}}
+{{- end -}}
+{{- end -}}
+{{- with $pod -}}
+{{- toYaml . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A memory quantity ("1Gi", "1536Mi", "2G", "1073741824") in MiB, as a float; fails
+naming `what` when it cannot be read. Call with (list quantity what). */}}
+{{- define "waltz.mebibytes" -}}
+{{- $what := index . 1 -}}
+{{- if or (kindIs "float64" (index . 0)) (kindIs "int64" (index . 0)) (kindIs "int" (index . 0)) -}}
+{{- divf (float64 (index . 0)) 1048576.0 -}}
+{{- else -}}
+{{- $q := toString (index . 0) -}}
+{{- $factors := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$" $q) -}}
+{{- fail (printf "%s: cannot read %q as a memory quantity (a number with an optional suffix Ki, Mi, Gi, Ti, k, M, G, T)" $what $q) -}}
+{{- end -}}
+{{- $number := float64 (regexFind "^[0-9]+(\\.[0-9]+)?" $q) -}}
+{{- $suffix := regexReplaceAll "^[0-9]+(\\.[0-9]+)?" $q "" -}}
+{{- divf (mulf $number (get $factors $suffix)) 1048576.0 -}}
 {{- end -}}
 {{- end -}}
