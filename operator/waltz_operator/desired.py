@@ -90,6 +90,14 @@ def storage_majority_loss_budget(replicas_per_partition: int) -> int:
     return (replicas_per_partition - 1) // 2
 
 
+def storage_disruption_budget(replicas_per_partition: int) -> int:
+    """The storage PodDisruptionBudget's ``maxUnavailable``: the majority's budget, but
+    never 0. One replica per partition has no majority to keep, and a budget of 0 would
+    block every drain of a node forever; with it, a drained pod's partitions are
+    unavailable until it runs again elsewhere (its volume keeps the data)."""
+    return max(1, storage_majority_loss_budget(replicas_per_partition))
+
+
 # --- pods -------------------------------------------------------------------------------
 
 
@@ -365,7 +373,7 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(spec, name, "storage"),
         "spec": {
-            "maxUnavailable": storage_majority_loss_budget(spec.replicas_per_partition),
+            "maxUnavailable": storage_disruption_budget(spec.replicas_per_partition),
             "selector": {"matchLabels": selector(spec, "storage")},
         },
     }
@@ -461,7 +469,9 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(spec, name, "server"),
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": selector(spec, "server")}},
+        # One server down at a time (partitions move to the others); never 0 allowed, which
+        # with a single server would block every drain.
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(spec, "server")}},
     }
     return [config_map, service, deployment, budget]
 

@@ -10,6 +10,7 @@ bookkeeping in ``waltz.io/`` annotations, not in status.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import logging
 from collections.abc import Mapping
@@ -19,9 +20,11 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from .desired import MANAGED_BY
 from .events import Event
 from .kube import Connection, KubeApi
 from .metrics import OperatorMetrics
+from .owned import Key, key_of
 from .reconcile import Reconciler, ReconcileSettings
 
 GROUP, VERSION, PLURAL = "waltz.io", "v1alpha1", "waltzclusters"
@@ -80,6 +83,34 @@ def connection_info(connection: Connection) -> kopf.ConnectionInfo:
     )
 
 
+async def serve_http(config: OperatorConfig) -> None:
+    """/metrics and /healthz, once (a replica standing by for the Lease serves them before
+    kopf starts)."""
+    if config.metrics_port is None or config.runner is not None:
+        return
+    config.runner = web.AppRunner(config.metrics.app())
+    await config.runner.setup()
+    site = web.TCPSite(config.runner, config.metrics_host, config.metrics_port)
+    await site.start()
+    port = config.runner.addresses[0][1]
+    config.metrics_url = f"http://{config.metrics_host}:{port}/metrics"
+    log.info("metrics on %s", config.metrics_url)
+
+
+OWNED_RESOURCES = (
+    ("apps", "v1", "statefulsets"),
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("", "v1", "configmaps"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
+)
+
+
+def _index_owned(body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    return {key_of(body): copy.deepcopy(dict(body))}
+
+
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     resource = {"group": GROUP, "version": VERSION, "plural": PLURAL, "registry": registry}
 
@@ -93,14 +124,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings.posting.level = logging.INFO
         config.kube = KubeApi(config.connection)
         config.reconciler = Reconciler(config.kube, config.metrics, config.reconcile)
-        if config.metrics_port is not None:
-            config.runner = web.AppRunner(config.metrics.app())
-            await config.runner.setup()
-            site = web.TCPSite(config.runner, config.metrics_host, config.metrics_port)
-            await site.start()
-            port = config.runner.addresses[0][1]
-            config.metrics_url = f"http://{config.metrics_host}:{port}/metrics"
-            log.info("metrics on %s", config.metrics_url)
+        await serve_http(config)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -115,9 +139,28 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     def login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(config.connection)
 
-    async def reconcile(body: kopf.Body, **_: Any) -> None:
+    # The objects the operator owns, kept by watch streams: a reconcile applies one only
+    # when it differs from what is wanted (owned.py), instead of every one every time.
+    index_names = []
+    for group, version, plural in OWNED_RESOURCES:
+        name = f"owned_{plural}"
+        index_names.append(name)
+        kopf.index(
+            group,
+            version,
+            plural,
+            id=name,
+            labels={"app.kubernetes.io/managed-by": MANAGED_BY},
+            registry=registry,
+        )(_index_owned)
+
+    async def reconcile(body: kopf.Body, **kwargs: Any) -> None:
         assert config.reconciler is not None and config.kube is not None
-        outcome = await config.reconciler.reconcile(body)
+        live: dict[Key, dict[str, Any]] = {}
+        for name in index_names:
+            for key, store in kwargs[name].items():
+                live[key] = next(iter(store))
+        outcome = await config.reconciler.reconcile(body, live)
         post(body, outcome.events)
         if outcome.status_changed:
             await config.kube.patch(

@@ -39,6 +39,7 @@ RESOURCES = {
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),
     "WaltzCluster": ("apis/waltz.io/v1alpha1", "waltzclusters"),
+    "Lease": ("apis/coordination.k8s.io/v1", "leases"),  # leader election
 }
 
 
@@ -254,6 +255,19 @@ class KubeApi:
             if e.status != 404:  # an API server without apply (an emulator): create it
                 raise
             return await self._call("POST", object_path(obj["kind"], meta.get("namespace")), obj)
+
+    async def create(self, obj: Mapping[str, Any]) -> dict:
+        """Create it (409 if it exists)."""
+        meta = obj["metadata"]
+        return await self._call("POST", object_path(obj["kind"], meta.get("namespace")), obj)
+
+    async def replace(self, obj: Mapping[str, Any]) -> dict:
+        """Update it whole; its ``metadata.resourceVersion`` makes a concurrent change a
+        409 instead of a lost write."""
+        meta = obj["metadata"]
+        return await self._call(
+            "PUT", object_path(obj["kind"], meta.get("namespace"), meta["name"]), obj
+        )
 
     async def patch(
         self,

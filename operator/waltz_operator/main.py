@@ -7,6 +7,11 @@
 Credentials: the pod's service account inside a cluster, else the kubeconfig. Without
 ``--namespace`` or ``--all-namespaces`` it watches ``$WALTZ_WATCH_NAMESPACE`` (comma
 separated), else its own pod's namespace. Bad arguments exit 2 with one line.
+
+With ``--leader-lease NAME`` (or ``$WALTZ_LEADER_LEASE``; the chart sets it) several
+replicas run and the one holding that Lease reconciles (leader.py); the others serve
+/healthz and wait. A leader that loses the Lease exits 1, and its pod restarts as a
+candidate.
 """
 
 from __future__ import annotations
@@ -16,12 +21,17 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sys
+from typing import Any
 
 import kopf
 
-from .handlers import OperatorConfig, register
-from .kube import connection_from_environment
+from .handlers import OperatorConfig, register, serve_http
+from .kube import KubeApi, connection_from_environment
+from .leader import LeaderElector
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -62,8 +72,88 @@ def parser() -> argparse.ArgumentParser:
         default=300.0,
         help="seconds a deletion may take before the finalizer goes anyway",
     )
+    p.add_argument(
+        "--leader-lease",
+        default=os.environ.get("WALTZ_LEADER_LEASE") or None,
+        help="Lease to hold while reconciling (default $WALTZ_LEADER_LEASE; none: no election)",
+    )
+    p.add_argument(
+        "--leader-namespace",
+        default=os.environ.get("POD_NAMESPACE") or None,
+        help="namespace of the Lease (default $POD_NAMESPACE, else the pod's namespace)",
+    )
+    p.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or socket.gethostname(),
+        help="this replica's name as the Lease's holder (default $POD_NAME)",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     return p
+
+
+def lease_namespace(args: argparse.Namespace, scope: list[str] | None) -> str:
+    if args.leader_namespace:
+        return args.leader_namespace
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+            return f.read().strip()
+    except OSError:
+        if scope:
+            return scope[0]
+        raise SystemExit(
+            "waltz-operator: say where the Lease lives: --leader-namespace NS"
+        ) from None
+
+
+async def run(
+    config: OperatorConfig,
+    registry: kopf.OperatorRegistry,
+    scope: list[str] | None,
+    election: tuple[str, str, str] | None,
+) -> int:
+    """kopf, after winning the Lease if ``election`` (namespace, name, identity) is set."""
+
+    def operator(stop: asyncio.Event | None = None) -> Any:
+        return kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=scope is None,
+            namespaces=scope or (),
+            stop_flag=stop,
+        )
+
+    if election is None:
+        config.metrics.leader.set(1)
+        await operator()
+        return 0
+    kube = KubeApi(config.connection)
+    elector = LeaderElector(kube, *election)
+    config.metrics.progress.role = "standby"
+    await serve_http(config)  # liveness while standing by
+    try:
+        log.info("standing by for the lease %s/%s as %s", *election)
+        await elector.acquire()
+        config.metrics.progress.role = "leader"
+        config.metrics.leader.set(1)
+        stop = asyncio.Event()
+        reconciling = asyncio.create_task(operator(stop))
+        holding = asyncio.create_task(elector.hold())
+        done, _ = await asyncio.wait({reconciling, holding}, return_when="FIRST_COMPLETED")
+        if holding in done:  # lost it: stop at once, another replica may lead already
+            log.error("%s", holding.exception())
+            config.metrics.leader.set(0)
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reconciling, 60)
+            return 1
+        holding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holding
+        reconciling.result()
+        return 0
+    finally:
+        await elector.release()
+        await kube.close()
 
 
 def namespaces(args: argparse.Namespace) -> list[str] | None:
@@ -108,17 +198,17 @@ def main(argv: list[str] | None = None) -> int:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
     )
+    election = None
+    if args.leader_lease:
+        try:
+            election = (lease_namespace(args, scope), args.leader_lease, args.identity)
+        except SystemExit as e:
+            print(e, file=sys.stderr)
+            return 2
     registry = kopf.OperatorRegistry()
     register(registry, config)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(
-            kopf.operator(
-                registry=registry,
-                standalone=True,
-                clusterwide=scope is None,
-                namespaces=scope or (),
-            )
-        )
+        return asyncio.run(run(config, registry, scope, election))
     return 0
 
 

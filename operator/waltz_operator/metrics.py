@@ -12,10 +12,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .health import ReconcileProgress
 from .observe import ClusterView
 
 
@@ -89,10 +96,15 @@ class _QuorumCollector(Collector):
         yield from (assigned, live, quorum, hwm, generation, session, owner, lag, node_up)
 
 
+# A cluster none of whose reconciles finished for this long makes /healthz fail.
+STALL_AFTER = 300.0
+
+
 class OperatorMetrics:
-    def __init__(self) -> None:
+    def __init__(self, stall_after: float = STALL_AFTER) -> None:
         self.registry = CollectorRegistry()
         self.clusters: dict[str, ClusterFigures] = {}
+        self.progress = ReconcileProgress(stall_after)
         self.registry.register(_QuorumCollector(self.clusters))
         self.reconciles = Counter(
             "waltz_operator_reconciles",
@@ -110,6 +122,11 @@ class OperatorMetrics:
             "waltz_operator_reconcile_duration_seconds",
             "Time one reconcile took",
             ["cluster"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "waltz_operator_leader",
+            "1 while this replica leads (holds the Lease, or runs without election)",
             registry=self.registry,
         )
         self.refusals = Counter(
@@ -141,7 +158,9 @@ class OperatorMetrics:
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         async def healthz(_: web.Request) -> web.Response:
-            return web.json_response({"status": "ok", "clusters": sorted(self.clusters)})
+            alive, body = self.progress.report()
+            body["clusters"] = sorted(self.clusters)
+            return web.json_response(body, status=200 if alive else 503)
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)

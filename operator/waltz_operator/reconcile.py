@@ -46,6 +46,7 @@ from .kube import ApiError, KubeApi
 from .metrics import OperatorMetrics
 from .monitor import ClusterMonitor, MonitorSettings
 from .observe import ClusterView
+from .owned import Key, digest, key_of, needs_apply
 from .rollout import (
     Assign,
     Done,
@@ -155,6 +156,7 @@ class Reconciler:
         self.statuses: dict[str, dict[str, Any]] = {}
         self._warned: dict[str, tuple[str, datetime.datetime]] = {}  # the last Warning
         self._nodes_forbidden = False  # no RBAC to read nodes: no zones
+        self._applied: dict[Key, str] = {}  # what this process applied last, by digest
 
     async def close(self, grace: float = 30.0) -> None:
         """Stop following every cluster. Reconciles under way finish first (for up to
@@ -238,21 +240,28 @@ class Reconciler:
 
     # --- reconcile -----------------------------------------------------------------------
 
-    async def reconcile(self, body: Mapping[str, Any]) -> Outcome:
+    async def reconcile(
+        self, body: Mapping[str, Any], live: Mapping[Key, Mapping[str, Any]] | None = None
+    ) -> Outcome:
+        """One reconcile. ``live``: the owned objects as watched (None: not watched, so
+        every object is applied)."""
         meta = body.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         lock = self._locks.setdefault(key, asyncio.Lock())
+        progress = self.metrics.progress.started(key)
         async with lock:  # a timer and an update handler may overlap
             self.metrics.reconciles.labels(key).inc()
             with self.metrics.reconcile_seconds.labels(key).time():
                 try:
-                    return await self._reconcile(body)
+                    return await self._reconcile(body, live)
                 except Exception as e:  # the API or ZooKeeper refused a step: say so
                     log.warning("%s: reconcile failed", key, exc_info=True)
                     self.metrics.reconcile_errors.labels(key).inc()
                     return self._stopped(
                         body, "ReconcileFailed", f"reconcile failed: {describe(e)}"
                     )
+                finally:
+                    self.metrics.progress.finished(progress)
 
     def _stopped(self, body: Mapping[str, Any], reason: str, message: str) -> Outcome:
         """A reconcile that could not go on: the status says why (``failure_status``), and a
@@ -277,7 +286,9 @@ class Reconciler:
             status, events, status_changed=status != previous, failed=reason == "ReconcileFailed"
         )
 
-    async def _reconcile(self, body: Mapping[str, Any]) -> Outcome:
+    async def _reconcile(
+        self, body: Mapping[str, Any], live: Mapping[Key, Mapping[str, Any]] | None
+    ) -> Outcome:
         generation = int((body.get("metadata") or {}).get("generation") or 0)
         meta = body.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
@@ -369,7 +380,7 @@ class Reconciler:
                             progress = blocked
                 sized = replace(spec, storage=replace(spec.storage, replicas=storage_size))
                 volume_progress, volume_events, volume_refusal = await self._apply(
-                    sized, statefulset, current
+                    sized, statefulset, current, live
                 )
                 progress = volume_progress or progress
                 events += volume_events
@@ -420,7 +431,11 @@ class Reconciler:
         return Outcome(status, events, busy=progress is not None, status_changed=status != previous)
 
     async def _apply(
-        self, spec: ClusterSpec, statefulset: Mapping[str, Any] | None, current: int
+        self,
+        spec: ClusterSpec,
+        statefulset: Mapping[str, Any] | None,
+        current: int,
+        live: Mapping[Key, Mapping[str, Any]] | None,
     ) -> tuple[str | None, list[Event], str | None]:
         """Apply the desired objects: (progress, events, refusal). The storage StatefulSet
         goes through ``plan_volume_change`` first: its claim template cannot be updated,
@@ -472,7 +487,10 @@ class Reconciler:
                     waiting = resizing(claims)
                     if waiting:
                         progress = f"storage volumes resizing: {', '.join(waiting)}"
-            await self.kube.apply(obj)
+            key = key_of(obj)
+            if live is None or needs_apply(obj, live.get(key), self._applied.get(key)):
+                await self.kube.apply(obj)
+                self._applied[key] = digest(obj)
         return progress, events, refusal
 
     async def _admin_ensure(
@@ -696,6 +714,8 @@ class Reconciler:
             await monitor.close()
         self.metrics.forget(key)
         self.statuses.pop(key, None)
+        for obj in desired_objects(spec):
+            self._applied.pop(key_of(obj), None)
         with contextlib.suppress(SecretProblem):  # else: as far as we get without it
             await self._resolve_access(spec)
         return await tear_down(self.kube, lambda: self._zookeeper(spec), spec, timeout)
