@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -205,7 +206,7 @@ class _ServerLink:
                     host,
                     int(port),
                     on_message=self.client._on_stream_message,
-                    open_connection=self.client.open_connection,
+                    open_connection=self.client._dialer(self.endpoint),
                     feed_rows=True,  # _watch_feed and _deliver read rows
                 )
                 self.stream_seq = self.client._next_connection_seq()
@@ -225,7 +226,7 @@ class _ServerLink:
                     host,
                     int(port),
                     on_message=self._on_rpc_message,
-                    open_connection=self.client.open_connection,
+                    open_connection=self.client._dialer(self.endpoint),
                     check_records=False,  # _read_range checks them, or its caller does
                 )
                 conn = self.rpc
@@ -396,6 +397,19 @@ class WaltzClient:
 
     def _next_connection_seq(self) -> int:
         return next(self._connection_seqs)
+
+    def _dialer(self, endpoint: str) -> OpenConnection:
+        """How to reach the server at ``endpoint``: over TLS its certificate is checked for
+        the name its registration gives (``ServerRegistration.tls_name``: on Kubernetes the
+        cluster's client Service, while the host dialled is the pod's IP), else for the
+        host dialled."""
+        if self.config.tls is None:
+            return self.open_connection
+        host = endpoint.rpartition(":")[0]
+        name = self.view.tls_name(endpoint)
+        if name == host:
+            return self.open_connection
+        return functools.partial(self.open_connection, server_hostname=name)
 
     def _link(self, endpoint: str) -> _ServerLink:
         link = self._links.get(endpoint)

@@ -86,6 +86,15 @@ class ClusterView:
             return None
         return self.servers[server].endpoint, generation
 
+    def tls_name(self, endpoint: str) -> str:
+        """The name the server live at ``endpoint`` (host:port) proves with its TLS
+        certificate: its registration's ``tls_name``, else the host (also for an endpoint
+        no live server holds any more)."""
+        for registration in self.servers.values():
+            if registration.endpoint == endpoint:
+                return registration.verified_name
+        return endpoint.rpartition(":")[0]
+
     async def changed(self, timeout: float) -> None:
         """Wait for the next change (or ``timeout`` seconds)."""
         self._changed.clear()

@@ -189,12 +189,15 @@ def parse_patterns(value: str) -> tuple[str, ...]:
 
 
 def tls_open_connection(contexts: TlsContexts) -> Callable[..., Any]:
-    """An ``open_connection`` that dials with the current client context (verifying the
-    server's certificate for the host name or IP dialled)."""
+    """An ``open_connection`` that dials with the current client context, verifying the
+    server's certificate for the host name or IP dialled, or for ``server_hostname`` when
+    given (a server whose registration names another: ``ServerRegistration.tls_name``)."""
 
-    async def open_connection(host: str, port: int, **kwargs: Any) -> Any:
+    async def open_connection(
+        host: str, port: int, *, server_hostname: str | None = None, **kwargs: Any
+    ) -> Any:
         return await asyncio.open_connection(
-            host, port, ssl=contexts.current(), server_hostname=host, **kwargs
+            host, port, ssl=contexts.current(), server_hostname=server_hostname or host, **kwargs
         )
 
     return open_connection

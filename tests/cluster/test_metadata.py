@@ -63,7 +63,12 @@ partition_metadata = st.builds(
     st.dictionaries(addresses, replica_states, max_size=6),
 )
 server_registrations = st.builds(
-    ServerRegistration, st.text(), st.text(), st.integers(0, 65535), st.integers(0, 65535)
+    ServerRegistration,
+    st.text(),
+    st.text(),
+    st.integers(0, 65535),
+    st.integers(0, 65535),
+    st.text(),
 )
 ownerships = st.builds(
     Ownership,
@@ -138,6 +143,21 @@ def test_server_registration_round_trip(reg: ServerRegistration) -> None:
     _check_document(data, "server")
     assert ServerRegistration.decode(data) == reg
     assert reg.endpoint == f"{reg.host}:{reg.port}"
+
+
+def test_a_registration_names_its_tls_name_only_when_it_has_one() -> None:
+    """Without one the node is what it always was (and clients check the host); a
+    reader that predates the field ignores it, as decoding ignores unknown fields."""
+    plain = ServerRegistration("s0", "10.0.0.1", 9100, 9101)
+    assert "tls_name" not in json.loads(plain.encode())
+    assert plain.verified_name == "10.0.0.1"
+    named = ServerRegistration("s0", "10.0.0.1", 9100, 9101, "waltz.prod.svc")
+    assert json.loads(named.encode())["tls_name"] == "waltz.prod.svc"
+    assert ServerRegistration.decode(named.encode()) == named
+    assert (named.endpoint, named.verified_name) == ("10.0.0.1:9100", "waltz.prod.svc")
+    doc = json.loads(named.encode())
+    doc["tls_name"] = 5
+    expect_error(ServerRegistration, doc, "'tls_name'", "str")
 
 
 @given(ownerships)

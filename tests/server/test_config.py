@@ -40,6 +40,7 @@ DEFAULTS = {
     "port": 55180,
     "http_port": 55181,
     "advertised_host": "",
+    "advertised_tls_name": "",
     "lock_table_size": 1 << 16,
     "lock_hashes": 3,
     "feed_cache_bytes": 16 * MiB,
@@ -681,6 +682,25 @@ def test_advertised_with_the_real_host_name():
 def test_advertised_host_from_the_environment(host_name):
     config = load_config(ZK, {"WALTZ_SERVER_ADVERTISED_HOST": "from-env"})
     assert config.advertised() == "from-env"
+
+
+def test_the_registration_names_the_tls_name_clients_check(host_name, tmp_path):
+    """Without advertised_tls_name clients check the advertised host; with it (TLS only)
+    the registration carries it beside the address."""
+    from waltz_client.local.certs import local_pki
+
+    plain = load_config([*ZK, "--advertised-host", "10.1.2.3"], {}).registration("s", 1, 2)
+    assert (plain.endpoint, plain.tls_name, plain.verified_name) == ("10.1.2.3:1", "", "10.1.2.3")
+    files = local_pki(str(tmp_path), {"waltz-server": ["waltz.prod.svc"]})["waltz-server"]
+    tls = [f"--tls-cert={files.cert}", f"--tls-key={files.key}", f"--tls-ca={files.ca}"]
+    env = {"WALTZ_SERVER_ADVERTISED_HOST": "10.1.2.3"}
+    env["WALTZ_SERVER_ADVERTISED_TLS_NAME"] = "waltz.prod.svc"
+    named = load_config([*ZK, *tls], env).registration("s", 1, 2)
+    assert (named.endpoint, named.verified_name) == ("10.1.2.3:1", "waltz.prod.svc")
+    with pytest.raises(ConfigError, match="setting advertised_tls_name: needs tls_cert"):
+        load_config([*ZK, "--advertised-tls-name", "waltz.prod.svc"], {})
+    with pytest.raises(ConfigError, match="setting advertised_tls_name"):
+        load_config([*ZK, *tls, "--advertised-tls-name", "a b"], {})
 
 
 # --- the waltz-server command -------------------------------------------------------------------

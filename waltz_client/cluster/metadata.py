@@ -244,12 +244,18 @@ class PartitionMetadata:
 
 @dataclass(frozen=True)
 class ServerRegistration:
-    """What a live server publishes in its ephemeral node."""
+    """What a live server publishes in its ephemeral node.
+
+    ``tls_name``: the name clients check the server's TLS certificate against, when it is
+    not ``host`` (on Kubernetes a server is dialled at its pod IP, which no certificate
+    names, and proves the name of the cluster's client Service); empty: ``host``.
+    Omitted from the node when empty, and ignored by readers that predate it."""
 
     server_id: str
     host: str
     port: int
     http_port: int
+    tls_name: str = ""
 
     KIND = "server"
 
@@ -257,16 +263,21 @@ class ServerRegistration:
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def verified_name(self) -> str:
+        """The name a client's TLS connection checks the server's certificate for."""
+        return self.tls_name or self.host
+
     def encode(self) -> bytes:
-        return _encode(
-            self.KIND,
-            {
-                "server_id": self.server_id,
-                "host": self.host,
-                "port": self.port,
-                "http_port": self.http_port,
-            },
-        )
+        body: dict[str, Any] = {
+            "server_id": self.server_id,
+            "host": self.host,
+            "port": self.port,
+            "http_port": self.http_port,
+        }
+        if self.tls_name:
+            body["tls_name"] = self.tls_name
+        return _encode(self.KIND, body)
 
     @classmethod
     def decode(cls, data: bytes) -> ServerRegistration:
@@ -276,6 +287,7 @@ class ServerRegistration:
             _field(cls.KIND, doc, "host", str),
             _field(cls.KIND, doc, "port", int, minimum=0),
             _field(cls.KIND, doc, "http_port", int, minimum=0),
+            _field(cls.KIND, doc, "tls_name", str) if "tls_name" in doc else "",
         )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from waltz_client.cluster.acl import ZkCredential, credential_from_setting
+from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.cluster.zk import ClusterError
 from waltz_client.peer_limits import peer_limit_settings
 from waltz_client.settings import (
@@ -73,6 +74,13 @@ SETTINGS = (
         optional_host_name,
         "",
         "host clients reach this server at (default: the listen host, or the host name)",
+    ),
+    Setting(
+        "advertised_tls_name",
+        optional_host_name,
+        "",
+        "name in tls_cert that clients check instead of the advertised host (on Kubernetes "
+        "the client Service's, as pod IPs are in no certificate), published beside it",
     ),
     Setting("lock_table_size", int_in(1, 1 << 26), 1 << 16, "lock table entries per partition"),
     Setting("lock_hashes", int_in(1, 16), 3, "hash functions per lock"),
@@ -233,6 +241,7 @@ class ServerConfig:
     port: int
     http_port: int
     advertised_host: str
+    advertised_tls_name: str
     lock_table_size: int
     lock_hashes: int
     feed_cache_bytes: int
@@ -302,6 +311,13 @@ class ServerConfig:
             return socket.gethostname()
         return self.host
 
+    def registration(self, server_id: str, port: int, http_port: int) -> ServerRegistration:
+        """What this server publishes in ZooKeeper: where clients reach it, and (over
+        TLS, when it is not that host) the name they check its certificate for."""
+        return ServerRegistration(
+            server_id, self.advertised(), port, http_port, self.advertised_tls_name
+        )
+
 
 def build_parser() -> argparse.ArgumentParser:
     return SCHEMA.build_parser()
@@ -329,6 +345,11 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerCon
     except ClusterError as e:
         raise ConfigError(str(e)) from None
     config = ServerConfig(**values)
+    if config.advertised_tls_name and not config.tls.enabled:
+        raise ConfigError(
+            "setting advertised_tls_name: needs tls_cert and tls_key (clients check the name "
+            "in the certificate of a TLS client port)"
+        )
     if config.tls.enabled:
         check_tls(config.tls, "tls", listening=True)
     elif config.http_tls:

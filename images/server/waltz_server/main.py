@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 
-from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.daemon import run_daemon, settle_heap, start_http, write_ready_file
 from waltz_client.wire.native import describe as describe_loops
 
@@ -27,7 +26,7 @@ async def serve(config: ServerConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     # Bind first: the registration must name the ports clients will reach.
-    unregistered = ServerRegistration("pending", config.advertised(), 0, 0)
+    unregistered = config.registration("pending", 0, 0)
     coordinator = ServerCoordinator(
         config.zookeeper,
         config.zk_root,
@@ -50,7 +49,14 @@ async def serve(config: ServerConfig) -> int:
         print(f"waltz-server: error: cannot listen on {config.host}: {e.strerror}", file=sys.stderr)
         return 2
     server_id = config.server_id or f"{config.advertised()}-{port}"
-    coordinator.registration = ServerRegistration(server_id, config.advertised(), port, http_port)
+    coordinator.registration = config.registration(server_id, port, http_port)
+    if config.tls.enabled:
+        log.info(
+            "server %s: clients dial %s and check its certificate for %s",
+            server_id,
+            coordinator.registration.endpoint,
+            coordinator.registration.verified_name,
+        )
     coordinator.set_handlers(
         server.ownership_changed, server.assignment_changed, server.session_lost
     )
