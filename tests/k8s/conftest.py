@@ -18,3 +18,13 @@ def zk(zookeeper) -> Iterator[KazooClient]:
         yield client
     finally:
         close(client)
+
+
+@pytest.fixture
+def strict_pki(tmp_path):
+    """A CA and a server certificate for 127.0.0.1 (``strict_api(pki=...)`` serves HTTPS
+    with it); ``.client(user)`` issues client certificates, and
+    ``strict_api.write_kubeconfig`` writes kubeconfigs with a token or a certificate."""
+    from strict_api import make_pki
+
+    return make_pki(str(tmp_path / "pki"))

@@ -1,23 +1,26 @@
-"""The operator in-process against kmock (kopf's Kubernetes API emulator).
+"""The operator in-process against the strict API server (strict_api/): kopf and the
+operator's own client talk HTTP to it with a bearer token, and it enforces what
+kube-apiserver enforces (the CRD's schema, defaults and CEL rules, immutable fields,
+resourceVersions, server-side apply, garbage collection). It runs no controllers:
+tests play them (``kubelet.py``, or ``api.put`` of the pods they need).
 
-kmock stores objects and serves list, watch, get, create, merge-patch and delete; it
-runs no controllers and sets no uid, generation or status, so ``create_cluster_object``
-sets those fields itself, as the API server would, and tests play the controllers
-(``set_ready``) where they need pods.
+The WaltzCluster CRD is read from ``crds/waltzclusters.yaml`` each time a server
+starts, so the rules under test are the ones in the working tree.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
+import pathlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import kmock
 import kopf
+import yaml
+from strict_api import StrictApi, strict_api
 
 from waltz_operator.handlers import OperatorConfig, register
 from waltz_operator.kube import Connection
@@ -26,57 +29,48 @@ from waltz_operator.reconcile import ReconcileSettings
 
 WZ = "waltz.io/v1alpha1/waltzclusters"
 NS = "prod"
-RESOURCES = {
-    "v1/namespaces": ("Namespace", False, set()),
-    "v1/events": ("Event", True, set()),
-    "v1/pods": ("Pod", True, {"status"}),
-    "v1/services": ("Service", True, {"status"}),
-    "v1/configmaps": ("ConfigMap", True, set()),
-    "v1/secrets": ("Secret", True, set()),
-    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, {"status"}),
-    "apps/v1/statefulsets": ("StatefulSet", True, {"status", "scale"}),
-    "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
-    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, {"status"}),
-    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, set()),
-    WZ: ("WaltzCluster", True, {"status", "scale"}),
-}
+CRD_PATH = pathlib.Path(__file__).resolve().parents[2] / "crds" / "waltzclusters.yaml"
+# The operator's credential, as its service account's token would be.
+OPERATOR_TOKEN = "waltz-operator-token"
+OPERATOR_USER = "system:serviceaccount:waltz-system:waltz-operator"
+
+
+def load_crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
 
 
 @contextlib.asynccontextmanager
-async def kubernetes_api() -> AsyncIterator[kmock.KubernetesEmulator]:
-    async with kmock.KubernetesEmulator() as api, kmock.Server(api):
-        for resource, (kind, namespaced, subresources) in RESOURCES.items():
-            api.resources[resource] = {
-                "kind": kind,
-                "singular": kind.lower(),
-                "verbs": {"get", "list", "watch", "create", "patch", "delete"},
-                "subresources": subresources,
-                "namespaced": namespaced,
-            }
+async def kubernetes_api(**options: Any) -> AsyncIterator[StrictApi]:
+    """The server with the WaltzCluster CRD and the namespace ``prod``."""
+    async with strict_api(
+        crds=[load_crd()],
+        namespaces=("default", NS),
+        tokens={OPERATOR_TOKEN: OPERATOR_USER},
+        **options,
+    ) as api:
         yield api
-
-
-def api_url(api: kmock.KubernetesEmulator) -> str:
-    return str(api.url).rstrip("/")
 
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    api: kmock.KubernetesEmulator,
+    api: StrictApi,
     namespace: str,
     *,
     storage_http: Callable[[str], str | None] | None = None,
     address_book: tuple[str, ...] = (),
     interval: float = 0.3,
     delete_timeout: float = 30.0,
+    connection: Connection | None = None,
 ) -> AsyncIterator[OperatorConfig]:
+    """kopf with the operator's handlers, watching ``namespace`` as it is deployed
+    (with the operator's token, unless ``connection`` says otherwise)."""
     settings = ReconcileSettings(
         monitor=MonitorSettings(scrape_interval=0.5, scrape_timeout=2.0, zk_timeout=10.0),
         **({"storage_http": storage_http} if storage_http else {}),
         address_book=address_book,
     )
     config = OperatorConfig(
-        connection=Connection(server=api_url(api)),
+        connection=connection or Connection(server=api.url, token=OPERATOR_TOKEN),
         reconcile_interval=interval,
         delete_timeout=delete_timeout,
         metrics_host="127.0.0.1",
@@ -91,9 +85,7 @@ async def running_operator(
         kopf.operator(
             registry=registry,
             standalone=True,
-            # Namespaced mode lists v1/namespaces, a path kmock 0.8 cannot parse; the
-            # handlers are the same either way.
-            clusterwide=True,
+            namespaces=[namespace],
             stop_flag=stop,
             ready_flag=ready,
         )
@@ -115,22 +107,28 @@ async def running_operator(
             await config.reconciler.close()
 
 
-def create_cluster_object(
-    api: kmock.KubernetesEmulator, doc: dict[str, Any], uid: str = "uid-1", generation: int = 1
-) -> dict[str, Any]:
-    """Store a WaltzCluster as the API server would: with uid, generation, defaults."""
-    doc = copy.deepcopy(doc)
-    meta = doc["metadata"]
-    meta.update(uid=uid, generation=generation, resourceVersion="1")
-    api.objects[WZ, meta["namespace"], meta["name"]] = doc
-    return doc
+def create_cluster_object(api: StrictApi, doc: dict[str, Any]) -> dict[str, Any]:
+    """Create a WaltzCluster as a user would; returns it as stored (uid, generation,
+    the schema's defaults)."""
+    return api.put(doc, manager="kubectl")
 
 
-def obj(api: kmock.KubernetesEmulator, resource: str, namespace: str, name: str) -> Any:
-    for (r, ns, n), found in list(api.objects.items()):
-        if (str(r), ns, n) == (str(kmock.resource(resource)), namespace, name):
-            return None if found.deleted else found.raw
-    return None
+def obj(api: StrictApi, resource: str, namespace: str | None, name: str) -> Any:
+    """The object, or None."""
+    return api.get(resource, namespace, name)
+
+
+async def patch_cluster(api: StrictApi, patch: dict[str, Any], name: str = "demo") -> dict:
+    """A user's merge patch of a WaltzCluster (over HTTP, validated like kubectl's)."""
+    response = await api.request(
+        "PATCH",
+        f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/{name}",
+        patch,
+        content_type="application/merge-patch+json",
+        query={"fieldManager": "kubectl"},
+    )
+    assert response.status == 200, response.body
+    return response.body
 
 
 _operators: list[asyncio.Task] = []
@@ -179,13 +177,6 @@ def cluster_doc(zookeeper, zk_root: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-def events(api, reason: str) -> list[dict]:
-    """Events the operator posted with this reason. (kmock stores one Event per name and
-    ignores generateName, so the posts are read from its request log.)"""
-    return [
-        request.data
-        for request in list(api)
-        if request.method.name == "POST"
-        and str(request.url.path).endswith("/events")
-        and (request.data or {}).get("reason") == reason
-    ]
+def events(api: StrictApi, reason: str) -> list[dict]:
+    """The Events posted with this reason (the stored objects), oldest first."""
+    return api.events(reason)

@@ -1,6 +1,6 @@
-"""The operator driving a real cluster: kopf in-process against kmock, a real ZooKeeper,
-and the pods it asks for run as real storage and server processes by a harness that
-plays the controllers and the kubelet (kubelet.py)."""
+"""The operator driving a real cluster: kopf in-process against the strict API server, a
+real ZooKeeper, and the pods it asks for run as real storage and server processes by a
+harness that plays the controllers and the kubelet (kubelet.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from operator_harness import (
     eventually,
     kubernetes_api,
     obj,
+    patch_cluster,
     running_operator,
 )
 
@@ -132,11 +133,7 @@ async def test_a_storage_roll_restarts_one_pod_at_a_time_and_loses_nothing(
                 stop = asyncio.Event()
                 writer = asyncio.create_task(write_until(client, stop))
                 await asyncio.sleep(1.0)
-                response = await api.patch(
-                    f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo",
-                    json={"metadata": {"generation": 2}, "spec": {"image": {"tag": "0.2.0"}}},
-                )
-                assert response.status == 200
+                await patch_cluster(api, {"spec": {"image": {"tag": "0.2.0"}}})
                 storage = [f"demo-storage-{i}" for i in range(3)]
                 await eventually(
                     lambda: all(kubelet.started.count(p) == 2 for p in storage),
@@ -165,18 +162,21 @@ async def test_a_scale_down_moves_replicas_off_before_the_pod_goes(
         leaving = kubelet.address_book[3]
         async with operated_by(api, kubelet):
             await until_ready(api)
-            held = [p for p in range(2) if leaving in admin.read_cluster(zk, zk_root).members(p)]
-            assert held, "the node that goes holds a replica: there is something to move"
+            # The node that goes holds a replica (there is something to move), in session:
+            # Ready needs a quorum of each partition, not every replica, so wait for it.
+            await eventually(
+                lambda: [
+                    p for p in range(2) if leaving in admin.read_cluster(zk, zk_root).members(p)
+                ],
+                60,
+                what="the leaving node in a partition's session",
+            )
             config = client_config(zookeeper.connect_string, zk_root)
             async with WaltzClient(config, Notes()) as client:
                 stop = asyncio.Event()
                 writer = asyncio.create_task(write_until(client, stop))
                 await asyncio.sleep(1.0)
-                response = await api.patch(
-                    f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo",
-                    json={"metadata": {"generation": 2}, "spec": {"storage": {"replicas": 3}}},
-                )
-                assert response.status == 200
+                await patch_cluster(api, {"spec": {"storage": {"replicas": 3}}})
                 await eventually(
                     lambda: (
                         obj(api, "apps/v1/statefulsets", NS, "demo-storage")["spec"]["replicas"]
@@ -194,4 +194,58 @@ async def test_a_scale_down_moves_replicas_off_before_the_pod_goes(
                 stop.set()
                 committed = await writer
                 await read_back(client, committed)
-        assert "demo-storage-3" not in kubelet.pods
+            # Deleted gracefully: the kubelet stops it, then confirms the deletion.
+            await eventually(
+                lambda: (
+                    "demo-storage-3" not in kubelet.pods
+                    and obj(api, "v1/pods", NS, "demo-storage-3") is None
+                ),
+                60,
+                what="the scaled-away pod gone",
+            )
+
+
+@pytest.mark.asyncio
+async def test_a_bigger_volume_grows_the_claims_and_keeps_the_pods(
+    zookeeper, zk, zk_root, tmp_path
+):
+    """The claim template of a StatefulSet is immutable: the operator patches each claim,
+    deletes the StatefulSet with orphan propagation and creates it again, which adopts
+    the running pods and their claims."""
+    async with kubernetes_api() as api:
+        kubelet = Kubelet(api, NS, "demo", str(tmp_path / "nodes"))
+        doc = live_doc(zookeeper, zk_root, storage=3)
+        doc["spec"]["storage"]["size"] = "1Gi"
+        create_cluster_object(api, doc)
+        async with operated_by(api, kubelet):
+            await until_ready(api)
+            old = obj(api, "apps/v1/statefulsets", NS, "demo-storage")
+            started = list(kubelet.started)
+            await patch_cluster(api, {"spec": {"storage": {"size": "2Gi"}}})
+
+            def grown() -> dict | None:
+                sts = obj(api, "apps/v1/statefulsets", NS, "demo-storage")
+                if sts is None or sts["metadata"]["uid"] == old["metadata"]["uid"]:
+                    return None
+                template = sts["spec"]["volumeClaimTemplates"][0]["spec"]
+                return sts if template["resources"]["requests"]["storage"] == "2Gi" else None
+
+            sts = await eventually(grown, 120, what="the StatefulSet recreated with 2Gi claims")
+            for i in range(3):
+                claim = obj(api, "v1/persistentvolumeclaims", NS, f"data-demo-storage-{i}")
+                assert claim["spec"]["resources"]["requests"]["storage"] == "2Gi"
+                await eventually(
+                    lambda i=i: (
+                        [
+                            r["uid"]
+                            for r in obj(api, "v1/pods", NS, f"demo-storage-{i}")["metadata"][
+                                "ownerReferences"
+                            ]
+                        ]
+                        == [sts["metadata"]["uid"]]
+                    ),
+                    60,
+                    what="the pod adopted by the new StatefulSet",
+                )
+            await until_ready(api)
+            assert kubelet.started == started  # no pod restarted

@@ -63,9 +63,7 @@ async def test_the_cluster_is_created_under_acls_with_the_specs_credential(zooke
                 in (condition(body, "Degraded")["message"])
             )
             assert not zk.exists(ClusterPaths.of(zk_root).cluster)
-            api.objects["v1/secrets", NS, "demo-zk-auth"] = secret(
-                "demo-zk-auth", {"credential": "waltz:s3cret"}
-            )
+            api.put(secret("demo-zk-auth", {"credential": "waltz:s3cret"}))
             await eventually(
                 lambda: (
                     condition(obj(api, WZ, NS, "demo"), "ClusterCreated").get("status") == "True"
