@@ -112,9 +112,20 @@ def default_storage_http(address: str) -> str:
     return f"http://{host}:{STORAGE_HTTP_PORT}/readyz"
 
 
+def _controlled_by(obj: Mapping[str, Any], spec: ClusterSpec) -> bool:
+    """Whether this WaltzCluster is the object's controller (an object made before the
+    resource had a uid, in tests, counts as ours)."""
+    refs = [
+        r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")
+    ]
+    if not refs:
+        return not spec.uid
+    return any(r.get("kind") == "WaltzCluster" and r.get("uid") == spec.uid for r in refs)
+
+
 def _keep_claim_template(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
     """The desired StatefulSet with the live one's claim template, which cannot change."""
-    spec = {**desired["spec"], "volumeClaimTemplates": live["spec"]["volumeClaimTemplates"]}
+    spec = {**desired["spec"], "volumeClaimTemplates": live["spec"].get("volumeClaimTemplates", [])}
     return {**desired, "spec": spec}
 
 
@@ -445,6 +456,14 @@ class Reconciler:
         refusal: str | None = None
         for obj in desired_objects(spec):
             if obj["kind"] == "StatefulSet" and statefulset is not None:
+                if not _controlled_by(statefulset, spec):
+                    # Never applied over, let alone deleted and made again.
+                    refusal = (
+                        f"a StatefulSet {spec.storage_service} that this WaltzCluster does "
+                        f"not own is in the namespace; nothing was applied to it: rename or "
+                        f"delete it"
+                    )
+                    continue
                 if (statefulset.get("metadata") or {}).get("deletionTimestamp"):
                     progress = "storage volumes: waiting for the old StatefulSet to go"
                     continue
@@ -596,7 +615,8 @@ class Reconciler:
         if isinstance(step, Wait):
             return f"balancing replicas: {step.reason}", events, None
         if isinstance(step, Assign | Unassign):
-            return await self._move(spec, step, "balancing replicas")
+            progress, moved, refusal = await self._move(spec, step, "balancing replicas")
+            return progress, events + moved, refusal
         return None, events, None
 
     async def _retire(

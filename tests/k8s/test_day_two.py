@@ -1,0 +1,518 @@
+"""Day two on the strict API server (strict_api/): what a user does to a running
+WaltzCluster, held to kube-apiserver's rules. Each test here failed on the operator as
+it was before these fixes (issue 38): the operator sent no credentials, a grown volume
+made every later reconcile fail, failures were invisible, deletion took ZooKeeper's
+volume, placement ignored zones, and every object was re-applied every reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+
+import pytest
+from operator_harness import (
+    NS,
+    OPERATOR_TOKEN,
+    OPERATOR_USER,
+    WZ,
+    cluster_doc,
+    condition,
+    create_cluster_object,
+    events,
+    eventually,
+    kubernetes_api,
+    obj,
+    patch_cluster,
+    running_operator,
+)
+from strict_api import make_pki, write_kubeconfig
+
+from waltz_client.cluster import admin
+from waltz_operator.kube import Connection, KubeApi, connection_from_environment
+from waltz_operator.leader import LeaderElector
+
+STS = "apps/v1/statefulsets"
+PVC = "v1/persistentvolumeclaims"
+
+
+async def created(api) -> dict:
+    return await eventually(
+        lambda: (
+            (b := obj(api, WZ, NS, "demo"))
+            and condition(b, "ClusterCreated").get("status") == "True"
+            and b
+        ),
+        what="ClusterCreated",
+    )
+
+
+def play_claims(api, count: int = 3) -> None:
+    """The volumes the StatefulSet controller makes from the claim template."""
+    sts = obj(api, STS, NS, "demo-storage")
+    template = sts["spec"]["volumeClaimTemplates"][0]
+    for i in range(count):
+        size = template["spec"]["resources"]["requests"]["storage"]
+        api.put(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {
+                    "name": f"data-demo-storage-{i}",
+                    "namespace": NS,
+                    "labels": template["metadata"]["labels"],
+                },
+                "spec": template["spec"],
+                "status": {"phase": "Bound", "capacity": {"storage": size}},
+            },
+            manager="statefulset-controller",
+        )
+
+
+def claim_sizes(api) -> list[str]:
+    return [
+        c["spec"]["resources"]["requests"]["storage"]
+        for c in sorted(api.list(PVC, NS), key=lambda c: c["metadata"]["name"])
+        if c["metadata"]["name"].startswith("data-demo-storage-")
+    ]
+
+
+# --- 0. credentials ---------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_operator_authenticates_with_its_projected_token_and_follows_rotation(
+    zookeeper, zk_root, tmp_path, monkeypatch
+):
+    """In a pod: HTTPS to the API server with the service account's CA and token. The API
+    server refuses anonymous requests, so a reconcile proves the token is sent; a token
+    rotated in place (the old one no longer valid) keeps the operator working."""
+    pki = make_pki(str(tmp_path / "pki"))
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "ca.crt").write_text(pathlib.Path(pki.ca.cert).read_text())
+    (account / "token").write_text("first-token")
+    async with kubernetes_api(pki=pki) as api:
+        api.tokens["first-token"] = OPERATOR_USER
+        host, port = api.url.removeprefix("https://").rsplit(":", 1)
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+        connection = connection_from_environment(service_account_dir=str(account))
+        assert connection.token == "first-token" and connection.token_file is not None
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS, connection=connection):
+            await created(api)
+            # The kubelet rotates the token: a new file, the old token expired.
+            (account / "token.new").write_text("second-token")
+            os.replace(account / "token.new", account / "token")
+            api.tokens["second-token"] = OPERATOR_USER
+            del api.tokens["first-token"]
+            before = len(api.requests)
+            await patch_cluster(api, {"spec": {"server": {"replicas": 3}}})
+            await eventually(
+                lambda: obj(api, "apps/v1/deployments", NS, "demo-server")["spec"]["replicas"] == 3,
+                what="the change applied after the rotation",
+            )
+            later = api.requests[before:]
+            assert any(r.user == OPERATOR_USER and r.method == "PATCH" for r in later)
+    assert not [r for r in api.requests if r.user is None and r.status < 400]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("credential", ["token", "certificate"])
+async def test_a_kubeconfig_token_or_client_certificate_is_sent(
+    zookeeper, zk_root, tmp_path, credential
+):
+    pki = make_pki(str(tmp_path / "pki"))
+    async with kubernetes_api(pki=pki) as api:
+        client = pki.client(OPERATOR_USER) if credential == "certificate" else None
+        path = write_kubeconfig(
+            str(tmp_path / "kubeconfig"),
+            api.url,
+            token=OPERATOR_TOKEN if credential == "token" else None,
+            client=client,
+            ca_file=pki.ca.cert,
+        )
+        connection = connection_from_environment(path)
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS, connection=connection):
+            await created(api)
+        users = {r.user for r in api.requests if r.user != "admin"}
+        assert users == {OPERATOR_USER}
+
+
+# --- 2. volumes -----------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_growing_the_volumes_patches_the_claims_and_recreates_the_statefulset(
+    zookeeper, zk_root
+):
+    """The API server refuses any change to volumeClaimTemplates: the operator grows each
+    claim and recreates the StatefulSet with orphan propagation (its pods stay)."""
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS):
+            await created(api)
+            first = await eventually(lambda: obj(api, STS, NS, "demo-storage"))
+            play_claims(api)
+            await patch_cluster(api, {"spec": {"storage": {"size": "20Gi"}}})
+            second = await eventually(
+                lambda: (
+                    (s := obj(api, STS, NS, "demo-storage"))
+                    and s["metadata"]["uid"] != first["metadata"]["uid"]
+                    and s
+                ),
+                what="the StatefulSet recreated",
+            )
+            template = second["spec"]["volumeClaimTemplates"][0]
+            assert template["spec"]["resources"]["requests"]["storage"] == "20Gi"
+            assert claim_sizes(api) == ["20Gi"] * 3
+            assert events(api, "VolumesChanging")
+            body = obj(api, WZ, NS, "demo")
+            assert condition(body, "Degraded")["status"] == "False", body["status"]
+            assert not events(api, "ReconcileFailed")
+
+
+@pytest.mark.asyncio
+async def test_a_class_that_cannot_grow_is_a_refusal_that_holds_nothing_else_up(zookeeper, zk_root):
+    async with kubernetes_api() as api:
+        api.expandable = lambda storage_class: False
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS):
+            await created(api)
+            first = await eventually(lambda: obj(api, STS, NS, "demo-storage"))
+            play_claims(api)
+            await patch_cluster(api, {"spec": {"storage": {"size": "20Gi"}}})
+            degraded = await eventually(
+                lambda: (
+                    (c := condition(obj(api, WZ, NS, "demo"), "Degraded")).get("status") == "True"
+                    and c
+                ),
+                what="Degraded",
+            )
+            assert degraded["reason"] == "Refused"
+            assert "allowVolumeExpansion" in degraded["message"]
+            # Nothing half-done, and other changes still go through.
+            await patch_cluster(api, {"spec": {"server": {"replicas": 3}}})
+            await eventually(
+                lambda: obj(api, "apps/v1/deployments", NS, "demo-server")["spec"]["replicas"] == 3
+            )
+            assert obj(api, STS, NS, "demo-storage")["metadata"]["uid"] == first["metadata"]["uid"]
+            assert claim_sizes(api) == ["10Gi"] * 3
+
+
+# --- 3. failures are visible ------------------------------------------------------------
+
+
+def foreign(kind: str, name: str, service_name: str | None = None) -> dict:
+    """An object of the same name that someone else made, with another selector."""
+    spec: dict = {
+        "replicas": 1,
+        "selector": {"matchLabels": {"app": "other"}},
+        "template": {
+            "metadata": {"labels": {"app": "other"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        },
+    }
+    if service_name:
+        spec["serviceName"] = service_name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
+
+
+def degraded_with(api, reason: str):
+    return lambda: (
+        (c := condition(obj(api, WZ, NS, "demo"), "Degraded")).get("reason") == reason and c
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_failed_reconcile_is_in_the_status_and_an_event(zookeeper, zk_root):
+    """Someone's Deployment has the servers' name and another selector (immutable):
+    the API server refuses every apply with 422."""
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        api.put(foreign("Deployment", "demo-server"), manager="someone")
+        async with running_operator(api, NS):
+            degraded = await eventually(degraded_with(api, "ReconcileFailed"), what="failed")
+            assert degraded["status"] == "True" and "422" in degraded["message"]
+            body = obj(api, WZ, NS, "demo")
+            assert condition(body, "Progressing")["message"].startswith("stopped: ")
+            warnings = await eventually(lambda: events(api, "ReconcileFailed"))
+            assert warnings[0]["type"] == "Warning"
+            await asyncio.sleep(2.0)  # several failed reconciles: one Event, not one each
+            assert len(events(api, "ReconcileFailed")) == 1
+        assert obj(api, "apps/v1/deployments", NS, "demo-server")["spec"]["selector"] == {
+            "matchLabels": {"app": "other"}
+        }
+
+
+@pytest.mark.asyncio
+async def test_a_statefulset_of_someone_else_is_never_applied_over_or_recreated(zookeeper, zk_root):
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        theirs = api.put(foreign("StatefulSet", "demo-storage", "someone"), manager="someone")
+        async with running_operator(api, NS):
+            degraded = await eventually(degraded_with(api, "Refused"), what="refused")
+            assert "does not own" in degraded["message"]
+            await asyncio.sleep(1.0)
+        kept = obj(api, STS, NS, "demo-storage")
+        assert kept["metadata"]["uid"] == theirs["metadata"]["uid"]
+        assert kept["spec"]["serviceName"] == "someone"
+
+
+# --- 4, 6, 9. what the API server refuses ---------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("patch", "words"),
+    [
+        ({"spec": {"partitions": 8}}, "partitions cannot change"),
+        ({"spec": {"zookeeper": {"root": "/elsewhere"}}}, "zookeeper.root cannot be set"),
+        ({"spec": {"zookeeper": {"connect": "other:2181"}}}, "zookeeper.connect cannot change"),
+        ({"spec": {"storage": {"storageClassName": "fast"}}}, "storageClassName cannot change"),
+        ({"spec": {"storage": {"size": "5Gi"}}}, "storage.size can never decrease"),
+    ],
+    ids=["partitions", "root", "connect", "class", "shrink"],
+)
+async def test_one_way_doors_are_refused_by_the_api_server(zookeeper, zk_root, patch, words):
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        response = await api.request(
+            "PATCH",
+            f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo",
+            patch,
+            content_type="application/merge-patch+json",
+        )
+        assert response.status == 422, response.body
+        assert words in response.body["message"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("name", ["a" * 45, "1demo"])
+async def test_names_the_derived_objects_cannot_carry_are_refused(zookeeper, zk_root, name):
+    async with kubernetes_api() as api:
+        doc = cluster_doc(zookeeper, zk_root)
+        doc["metadata"]["name"] = name
+        response = await api.request(
+            "POST", f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters", doc
+        )
+        assert response.status == 422 and "metadata.name" in response.body["message"]
+
+
+# --- 5. deletion takes only the cluster's own objects --------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_deleting_spares_the_charts_zookeeper_that_shares_the_instance_label(
+    zookeeper, zk, zk_root
+):
+    """The chart labels its ZooKeeper app.kubernetes.io/instance=<release>, the same as a
+    WaltzCluster named after the release."""
+    chart_labels = {
+        "app.kubernetes.io/name": "zookeeper",
+        "app.kubernetes.io/instance": "demo",
+        "app.kubernetes.io/managed-by": "Helm",
+    }
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root, retainVolumes=False))
+        api.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "demo-zookeeper-0", "namespace": NS, "labels": chart_labels},
+                "spec": {"containers": [{"name": "zookeeper", "image": "zookeeper:3.9"}]},
+            }
+        )
+        api.put(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {
+                    "name": "data-demo-zookeeper-0",
+                    "namespace": NS,
+                    "labels": chart_labels,
+                },
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            }
+        )
+        async with running_operator(api, NS):
+            await created(api)
+            await eventually(lambda: obj(api, STS, NS, "demo-storage"))
+            play_claims(api)
+            response = await api.request(
+                "DELETE", f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo"
+            )
+            assert response.status == 200
+            await eventually(lambda: obj(api, WZ, NS, "demo") is None, 120, "the deletion")
+        assert events(api, "Deleted") and not events(api, "DeleteIncomplete")
+        assert claim_sizes(api) == []  # the cluster's volumes went
+        assert obj(api, PVC, NS, "data-demo-zookeeper-0") is not None
+        assert obj(api, "v1/pods", NS, "demo-zookeeper-0") is not None
+        assert not zk.exists(zk_root)
+
+
+# --- 7. zones ---------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_storage_nodes_zones_become_placement_groups_and_partitions_spread(
+    zookeeper, zk, zk_root
+):
+    """Six storage pods on nodes in three zones, scheduled after CreateCluster placed the
+    replicas without zones: the nodes get their zones as groups, and the first moves put
+    each partition on a zone it lacked."""
+    book = tuple(f"127.0.0.1:{9 + i}" for i in range(6))  # nothing listens: no session
+    async with kubernetes_api() as api:
+        for zone in "abc":
+            api.put(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": f"node-{zone}",
+                        "labels": {"topology.kubernetes.io/zone": f"zone-{zone}"},
+                    },
+                }
+            )
+        create_cluster_object(
+            api, cluster_doc(zookeeper, zk_root, partitions=2, storage={"replicas": 6})
+        )
+        async with running_operator(api, NS, address_book=book):
+            await created(api)
+            sts = await eventually(lambda: obj(api, STS, NS, "demo-storage"))
+            for i in range(6):
+                api.put(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {
+                            "name": f"demo-storage-{i}",
+                            "namespace": NS,
+                            "labels": sts["spec"]["template"]["metadata"]["labels"],
+                        },
+                        "spec": {
+                            "nodeName": f"node-{'aabbcc'[i]}",
+                            "containers": [{"name": "storage", "image": "waltz-storage"}],
+                        },
+                        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+                    }
+                )
+
+            def groups() -> dict[str, int]:
+                assignment, _ = admin.read_assignment(zk, zk_root)
+                return dict(assignment.groups)
+
+            found = await eventually(
+                lambda: (g := groups()) and len(set(g.values()) - {0}) == 3 and g,
+                what="zones as groups",
+            )
+            assert found[book[0]] == found[book[1]] != found[book[2]] == found[book[3]]
+            await eventually(lambda: events(api, "ZonesFound"), what="the ZonesFound Event")
+
+            def spread() -> bool:
+                assignment, _ = admin.read_assignment(zk, zk_root)
+                for p in range(2):
+                    holders = [a for a, ps in assignment.storages.items() if p in ps]
+                    if len({assignment.groups[a] for a in holders}) < 3:
+                        return False
+                return True
+
+            await eventually(spread, what="every partition on three zones")
+
+
+# --- 8. leader election ----------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.asyncio
+async def test_one_leader_at_a_time_and_a_takeover_after_the_lease_expires():
+    async with kubernetes_api() as api:
+        clock = Clock()
+        kubes = [KubeApi(connection) for connection in _operator_connections(api, 2)]
+        try:
+            a, b = (
+                LeaderElector(k, NS, "waltz-operator", name, clock=clock)
+                for k, name in zip(kubes, ("op-a", "op-b"), strict=True)
+            )
+            # Both read "no Lease" and both try to create it: one wins.
+            results = await asyncio.gather(a.try_acquire_or_renew(), b.try_acquire_or_renew())
+            assert sorted(results) == [False, True]
+            leader, standby = (a, b) if results[0] else (b, a)
+            assert await leader.try_acquire_or_renew()  # renews
+            assert not await standby.try_acquire_or_renew()
+            lease = api.get("coordination.k8s.io/v1/leases", NS, "waltz-operator")
+            assert lease["spec"]["holderIdentity"] == leader.identity
+            # The leader falls silent: by the standby's own clock, 15 s of the same record.
+            clock.now += 16
+            assert await standby.try_acquire_or_renew()
+            lease = api.get("coordination.k8s.io/v1/leases", NS, "waltz-operator")
+            assert lease["spec"]["holderIdentity"] == standby.identity
+            assert lease["spec"]["leaseTransitions"] == 1
+            # The old leader learns it lost: it must not go on.
+            assert not await leader.try_acquire_or_renew()
+            assert not leader.leading
+            # A clean stop releases it: the other takes it at once.
+            await standby.release()
+            assert await leader.try_acquire_or_renew()
+        finally:
+            for k in kubes:
+                await k.close()
+
+
+def _operator_connections(api, count: int) -> list[Connection]:
+    return [Connection(server=api.url, token=OPERATOR_TOKEN) for _ in range(count)]
+
+
+# --- 9. an idle cluster costs reads, not writes -------------------------------------------
+
+
+def _writes(requests) -> list:
+    owned = ("/statefulsets/", "/deployments/", "/services/", "/configmaps/")
+    owned += ("/poddisruptionbudgets/", "/networkpolicies/")
+    return [
+        r
+        for r in requests
+        if r.method in ("PATCH", "POST", "PUT") and any(o in r.path for o in owned)
+    ]
+
+
+@pytest.mark.asyncio
+async def test_an_idle_cluster_is_not_applied_again(zookeeper, zk_root):
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS, interval=0.2) as config:
+            await created(api)
+            await eventually(lambda: obj(api, STS, NS, "demo-storage"))
+            reconciles = config.metrics.reconciles.labels(f"{NS}/demo")
+            await eventually(lambda: reconciles._value.get() > 10, what="ten reconciles")
+            start, counted = len(api.requests), reconciles._value.get()
+            await eventually(lambda: reconciles._value.get() >= counted + 15, 60, "15 more")
+            assert _writes(api.requests[start:]) == []
+            # Someone edits a field the operator sets: the next reconcile puts it back.
+            api.patch(
+                "v1/configmaps", NS, "demo-server-config", {"data": {"WALTZ_SERVER_PORT": "1"}}
+            )
+            await eventually(
+                lambda: (
+                    obj(api, "v1/configmaps", NS, "demo-server-config")["data"]["WALTZ_SERVER_PORT"]
+                    == "55180"
+                ),
+                what="the edit undone",
+            )
