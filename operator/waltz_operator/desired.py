@@ -129,6 +129,14 @@ def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+# A tier's container resources when the spec gives none: never BestEffort (the first
+# pods evicted under pressure). The chart's values say the same.
+DEFAULT_RESOURCES: dict[str, dict[str, Any]] = {
+    "storage": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    # Above the server's memory_budget_bytes (2 GiB by default) plus the process.
+    "server": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "3Gi"}},
+}
+
 ZONE_LABEL = "topology.kubernetes.io/zone"
 HOST_LABEL = "kubernetes.io/hostname"
 # Soft, so that a cluster smaller than its zones or hosts still schedules.
@@ -326,7 +334,7 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
         "startupProbe": _probe("/healthz", STORAGE_HTTP_PORT, 5, 360),
         "readinessProbe": _probe("/readyz", STORAGE_HTTP_PORT, 5, 3),
         "livenessProbe": _probe("/healthz", STORAGE_HTTP_PORT, 10, 6),
-        "resources": dict(tier.resources),
+        "resources": dict(tier.resources) or DEFAULT_RESOURCES["storage"],
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [
             {"name": "data", "mountPath": DATA},
@@ -437,7 +445,7 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
         ],
         "readinessProbe": _probe("/readyz", SERVER_HTTP_PORT, 5, 3),
         "livenessProbe": _probe("/healthz", SERVER_HTTP_PORT, 10, 6),
-        "resources": dict(tier.resources),
+        "resources": dict(tier.resources) or DEFAULT_RESOURCES["server"],
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *secret_mounts],
     }

@@ -227,34 +227,19 @@ class KubeApi:
             {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
         )
         answer = await self._call("GET", object_path(kind, namespace), query=query)
-        items = (answer or {}).get("items", [])
-        if labels:  # an emulator may ignore the selector; the filter is cheap
-            items = [
-                i
-                for i in items
-                if all(
-                    (i.get("metadata", {}).get("labels") or {}).get(k) == v
-                    for k, v in labels.items()
-                )
-            ]
-        return items
+        return list((answer or {}).get("items", []))
 
     async def apply(self, obj: Mapping[str, Any]) -> dict:
         """Server-side apply (creates the object if it is missing)."""
         meta = obj["metadata"]
         path = object_path(obj["kind"], meta.get("namespace"), meta["name"])
-        try:
-            return await self._call(
-                "PATCH",
-                path,
-                obj,
-                "application/apply-patch+yaml",  # JSON is YAML
-                {"fieldManager": FIELD_MANAGER, "force": "true"},
-            )
-        except ApiError as e:
-            if e.status != 404:  # an API server without apply (an emulator): create it
-                raise
-            return await self._call("POST", object_path(obj["kind"], meta.get("namespace")), obj)
+        return await self._call(
+            "PATCH",
+            path,
+            obj,
+            "application/apply-patch+yaml",  # JSON is YAML
+            {"fieldManager": FIELD_MANAGER, "force": "true"},
+        )
 
     async def create(self, obj: Mapping[str, Any]) -> dict:
         """Create it (409 if it exists)."""

@@ -62,3 +62,15 @@ def test_zones_become_groups():
     assert groups == {"s0": 2, "s1": 1, "s2": 2, "s3": 0}
     # Only what differs is written, and only for nodes in the assignment.
     assert group_changes({"s0": 2, "s1": 0, "s2": 0}, groups) == {"s1": 1, "s2": 2}
+
+
+def test_no_pod_is_best_effort_without_resources_in_the_spec():
+    for pod in pod_templates().values():
+        resources = pod["containers"][0]["resources"]
+        assert resources["requests"]["cpu"] and resources["requests"]["memory"]
+        assert resources["limits"]["memory"]
+    given = {"requests": {"cpu": "2"}}
+    assert (
+        pod_templates(storage={"resources": given})["StatefulSet"]["containers"][0]["resources"]
+        == given
+    )
