@@ -168,7 +168,7 @@ async def test_growing_the_volumes_patches_the_claims_and_recreates_the_stateful
             template = second["spec"]["volumeClaimTemplates"][0]
             assert template["spec"]["resources"]["requests"]["storage"] == "20Gi"
             assert claim_sizes(api) == ["20Gi"] * 3
-            assert events(api, "VolumesChanging")
+            await eventually(lambda: events(api, "VolumesChanging"), what="VolumesChanging")
             body = obj(api, WZ, NS, "demo")
             assert condition(body, "Degraded")["status"] == "False", body["status"]
             assert not events(api, "ReconcileFailed")
@@ -354,7 +354,8 @@ async def test_deleting_spares_the_charts_zookeeper_that_shares_the_instance_lab
             )
             assert response.status == 200
             await eventually(lambda: obj(api, WZ, NS, "demo") is None, 120, "the deletion")
-        assert events(api, "Deleted") and not events(api, "DeleteIncomplete")
+            await eventually(lambda: events(api, "Deleted"), what="the Deleted Event")
+        assert not events(api, "DeleteIncomplete")
         assert claim_sizes(api) == []  # the cluster's volumes went
         assert obj(api, PVC, NS, "data-demo-zookeeper-0") is not None
         assert obj(api, "v1/pods", NS, "demo-zookeeper-0") is not None

@@ -244,31 +244,7 @@ def test_balancing_converges_and_never_leaves_a_partition_short(half, extra, cou
         p: state(data.draw(st.sets(st.sampled_from(old), min_size=rpp, max_size=rpp)))
         for p in range(count)
     }
-    for _ in range(10 * count + 10):
-        step = next_rebalance_step(a, partitions, rpp)
-        match step:
-            case Done():
-                break
-            case Assign(replicas=adds):
-                for address, ps in adds.items():
-                    for p in ps:
-                        s = partitions[p]
-                        assert address not in s.assigned
-                        partitions[p] = state(s.assigned | {address}, s.members)
-            case Wait():
-                partitions = {p: state(s.assigned) for p, s in partitions.items()}
-            case Unassign(replicas=removals):
-                for address, ps in removals.items():
-                    for p in ps:
-                        s = partitions[p]
-                        assert len(s.assigned) > rpp and s.assigned <= s.members
-                        assert (
-                            replica_change_problem(p, _metadata(s), s.assigned - {address}) is None
-                        )
-                        partitions[p] = state(s.assigned - {address}, s.members)
-        assert all(len(s.assigned) >= rpp for s in partitions.values())
-    else:
-        raise AssertionError("balancing did not finish")
+    partitions = _play(a, partitions, rpp, None, 10 * count + 10)
     load = [sum(1 for s in partitions.values() if n in s.assigned) for n in a]
     assert rpp == 1 or max(load) - min(load) <= 1, load
     assert all(len(s.assigned) == rpp for s in partitions.values())
@@ -295,6 +271,9 @@ def _play(a, partitions, rpp, groups, rounds):
                     for p in ps:
                         s = partitions[p]
                         assert len(s.assigned) > rpp and s.assigned <= s.members
+                        assert (
+                            replica_change_problem(p, _metadata(s), s.assigned - {address}) is None
+                        )
                         partitions[p] = state(s.assigned - {address}, s.members)
         assert all(len(s.assigned) >= rpp for s in partitions.values())
     raise AssertionError("balancing did not finish")
