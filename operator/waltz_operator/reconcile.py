@@ -62,7 +62,7 @@ from .rollout import (
 )
 from .spec import STORAGE_HTTP_PORT, ClusterSpec, SpecError, parse
 from .status import Observed, compute_status, failure_status
-from .teardown import own_claims, tear_down
+from .teardown import own_claims, own_pods, tear_down
 from .volumes import (
     Recreate,
     RefuseVolumeChange,
@@ -326,7 +326,7 @@ class Reconciler:
 
         ns = spec.namespace
         statefulset = await self.kube.get("StatefulSet", ns, spec.storage_service)
-        current = int(statefulset["spec"]["replicas"]) if statefulset else spec.storage.replicas
+        current = await self._current_storage_size(spec, statefulset)
         view = monitor.view
 
         if not paused:
@@ -369,7 +369,7 @@ class Reconciler:
             storage_size = spec.storage.replicas
             down: Any = None
             if cluster_key is not None or known_key is None:
-                if statefulset is not None and spec.storage.replicas < current:
+                if spec.storage.replicas < current:
                     down = (
                         next_scale_down_step(
                             spec.storage_addresses(current),
@@ -440,6 +440,27 @@ class Reconciler:
         )
         self.statuses[key] = status
         return Outcome(status, events, busy=progress is not None, status_changed=status != previous)
+
+    async def _current_storage_size(
+        self, spec: ClusterSpec, statefulset: Mapping[str, Any] | None
+    ) -> int:
+        """The storage StatefulSet's size; without one (deleted with orphan propagation
+        to change its claim template, or by hand), the pods it left: a StatefulSet made
+        again smaller than them would delete the highest ordinals at once, past every
+        safe scale-down step."""
+        if statefulset is not None:
+            return int(statefulset["spec"]["replicas"])
+        pods = own_pods(
+            spec,
+            await self.kube.list("Pod", spec.namespace, {"app.kubernetes.io/instance": spec.name}),
+            orphans=True,
+        )
+        storage = [
+            _ordinal(p)
+            for p in pods
+            if p["metadata"]["name"].startswith(f"{spec.storage_service}-")
+        ]
+        return max([spec.storage.replicas, *(o + 1 for o in storage)])
 
     async def _apply(
         self,

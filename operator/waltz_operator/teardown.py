@@ -74,14 +74,20 @@ def _labelled(spec: ClusterSpec, obj: Mapping[str, Any]) -> bool:
     )
 
 
-def own_pods(spec: ClusterSpec, pods: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def own_pods(
+    spec: ClusterSpec, pods: list[Mapping[str, Any]], orphans: bool = False
+) -> list[Mapping[str, Any]]:
     """The cluster's pods among ``pods``: its labels, and a controller that is its storage
-    StatefulSet or a ReplicaSet of its server Deployment. Pods that merely share the
+    StatefulSet or a ReplicaSet of its server Deployment (with ``orphans``, also one with
+    no controller: its StatefulSet was deleted leaving it). Pods that merely share the
     ``app.kubernetes.io/instance`` label (the chart's operator and ZooKeeper) are not."""
     server_sets = re.compile(rf"^{re.escape(spec.name)}-server-[a-z0-9]+$")
 
     def controlled(pod: Mapping[str, Any]) -> bool:
-        for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+        if orphans and not any(ref.get("controller") for ref in refs):
+            return True
+        for ref in refs:
             if not ref.get("controller"):
                 continue
             if ref.get("kind") == "StatefulSet" and ref.get("name") == spec.storage_service:
