@@ -10,8 +10,8 @@ separated), else its own pod's namespace. Bad arguments exit 2 with one line.
 
 With ``--leader-lease NAME`` (or ``$WALTZ_LEADER_LEASE``; the chart sets it) several
 replicas run and the one holding that Lease reconciles (leader.py); the others serve
-/healthz and wait. A leader that loses the Lease exits 1, and its pod restarts as a
-candidate.
+/healthz and wait. A leader that loses the Lease exits 1 at once, and its pod restarts
+as a candidate.
 """
 
 from __future__ import annotations
@@ -113,13 +113,12 @@ async def run(
 ) -> int:
     """kopf, after winning the Lease if ``election`` (namespace, name, identity) is set."""
 
-    def operator(stop: asyncio.Event | None = None) -> Any:
+    def operator() -> Any:
         return kopf.operator(
             registry=registry,
             standalone=True,
             clusterwide=scope is None,
             namespaces=scope or (),
-            stop_flag=stop,
         )
 
     if election is None:
@@ -135,17 +134,17 @@ async def run(
         await elector.acquire()
         config.metrics.progress.role = "leader"
         config.metrics.leader.set(1)
-        stop = asyncio.Event()
-        reconciling = asyncio.create_task(operator(stop))
+        reconciling = asyncio.create_task(operator())
         holding = asyncio.create_task(elector.hold())
         done, _ = await asyncio.wait({reconciling, holding}, return_when="FIRST_COMPLETED")
-        if holding in done:  # lost it: stop at once, another replica may lead already
-            log.error("%s", holding.exception())
-            config.metrics.leader.set(0)
-            stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(reconciling, 60)
-            return 1
+        if holding in done:
+            # Lost it: another replica may lead within seconds. Exit now, as client-go's
+            # controllers do, rather than wait for a reconcile under way to finish: every
+            # change it makes in ZooKeeper is a compare-and-set, so stopping mid-way is
+            # safe, and two reconcilers at once is not.
+            log.error("%s; exiting", holding.exception())
+            logging.shutdown()
+            os._exit(1)
         holding.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await holding

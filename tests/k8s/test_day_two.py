@@ -9,7 +9,12 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import signal
+import socket
+import subprocess
+import sys
 
+import aiohttp
 import pytest
 from operator_harness import (
     NS,
@@ -552,3 +557,102 @@ async def test_a_statefulset_made_again_keeps_every_pod_it_left(zookeeper, zk_ro
             assert again["spec"]["replicas"] == 4
             await asyncio.sleep(1.0)  # a few reconciles: no quorum seen, nothing moves
             assert obj(api, STS, NS, "demo-storage")["spec"]["replicas"] == 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _health(port: int) -> dict | None:
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/healthz", timeout=aiohttp.ClientTimeout(5)) as r,
+        ):
+            return await r.json()
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+async def _role_becomes(port: int, role: str, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    last = None
+    while asyncio.get_running_loop().time() < deadline:
+        last = await _health(port)
+        if last is not None and last.get("role") == role:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"/healthz on {port} never said {role} (last: {last})")
+
+
+@pytest.mark.asyncio
+async def test_two_operator_processes_one_leads_and_the_other_takes_over(
+    zookeeper, zk_root, tmp_path
+):
+    """`waltz-operator` twice, as the chart runs it: one holds the Lease and reconciles,
+    the other stands by (alive); the leader SIGKILLed, the standby takes over and
+    reconciles a change."""
+    async with kubernetes_api() as api:
+        kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), api.url, token=OPERATOR_TOKEN)
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        ports = {name: _free_port() for name in ("op-a", "op-b")}
+        processes = {
+            name: subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "waltz_operator.main",
+                    "--kubeconfig",
+                    kubeconfig,
+                    "--namespace",
+                    NS,
+                    "--leader-lease",
+                    "waltz-operator",
+                    "--leader-namespace",
+                    NS,
+                    "--identity",
+                    name,
+                    "--metrics-host",
+                    "127.0.0.1",
+                    "--metrics-port",
+                    str(port),
+                    "--reconcile-interval",
+                    "1",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=open(tmp_path / f"{name}.log", "w"),  # noqa: SIM115
+            )
+            for name, port in ports.items()
+        }
+        try:
+            await created(api)
+
+            def holder() -> str:
+                lease = api.get("coordination.k8s.io/v1/leases", NS, "waltz-operator")
+                return (lease or {}).get("spec", {}).get("holderIdentity") or ""
+
+            leader = await eventually(holder, what="a leader")
+            standby = next(n for n in ports if n != leader)
+            await _role_becomes(ports[leader], "leader")
+            await _role_becomes(ports[standby], "standby")  # alive while it waits
+            processes[leader].kill()
+            processes[leader].wait()
+            await eventually(lambda: holder() == standby, 90, "the standby taking over")
+            await patch_cluster(api, {"spec": {"server": {"replicas": 3}}})
+            await eventually(
+                lambda: obj(api, "apps/v1/deployments", NS, "demo-server")["spec"]["replicas"] == 3,
+                60,
+                "the new leader reconciling",
+            )
+            await _role_becomes(ports[standby], "leader")
+        finally:
+            for process in processes.values():
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            for process in processes.values():
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
