@@ -516,6 +516,7 @@ EXPECTED_ALERTS = {
     "WaltzStorageDiskFilling": "warning",
     "WaltzOpenFilesNearLimit": "warning",
     "WaltzOperatorReconcileErrors": "warning",
+    "WaltzOperatorNoLeader": "warning",
     "WaltzOperatorZooKeeperUnreachable": "critical",
 }
 
