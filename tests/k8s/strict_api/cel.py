@@ -18,7 +18,7 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
-from .errors import FieldError
+from .errors import FieldError, json_type
 from .quantity import QuantityError, parse_quantity
 
 
@@ -124,20 +124,6 @@ def is_transition_rule(rule: str) -> bool:
     return re.search(r"\boldSelf\b", rule) is not None
 
 
-def _type_name(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    return "string"
-
-
 _KINDS = {
     "FieldValueInvalid": "Invalid",
     "FieldValueForbidden": "Forbidden",
@@ -175,7 +161,7 @@ def evaluate_rules(
                     "Invalid",
                     where,
                     f"{e.args[0] if e.args else e} evaluating rule: {expression}",
-                    _type_name(value),
+                    json_type(value),
                 )
             )
             continue
@@ -191,7 +177,7 @@ def evaluate_rules(
                 pass  # kube-apiserver falls back to message too
         kind = _KINDS.get(rule.get("reason") or "FieldValueInvalid", "Invalid")
         if kind == "Invalid":
-            errors.append(FieldError("Invalid", where, message, _type_name(value)))
+            errors.append(FieldError("Invalid", where, message, json_type(value)))
         elif kind == "Duplicate":
             errors.append(FieldError("Duplicate", where, message, value))
         else:

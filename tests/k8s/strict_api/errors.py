@@ -224,3 +224,20 @@ def invalid(group: str, kind: str, plural: str, name: str, errors: list[FieldErr
             causes=[{"reason": e.reason, "message": e.body(), "field": e.path} for e in errors],
         ),
     )
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a decoded value, as field errors name it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"

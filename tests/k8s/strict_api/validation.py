@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .cel import evaluate_rules
-from .errors import FieldError
+from .errors import FieldError, json_type
 from .schema import Schema
 
 MISSING: Any = object()
@@ -85,22 +85,6 @@ def apply_defaults(value: Any, schema: Schema) -> Any:
 
 
 # --- validation -------------------------------------------------------------------------
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def _type_ok(value: Any, wanted: str) -> bool:
