@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 
 from waltz_client.cluster.admin import create_cluster, read_params
+from waltz_client.cluster.metadata import key_fingerprint
 from waltz_client.cluster.paths import ClusterPaths
 
 from .spec import ClusterSpec
@@ -23,7 +24,7 @@ from .spec import ClusterSpec
 
 @dataclass(frozen=True)
 class Created:
-    key: str
+    key: str  # the cluster key's fingerprint: the key itself is a secret, never shown
     adopted: bool  # it existed already
 
 
@@ -62,9 +63,10 @@ def ensure_cluster(
                 f"a different cluster, {existing.name!r}, is at {paths.root} in ZooKeeper; "
                 f"nothing was changed: give this resource another spec.zookeeper.root"
             )
-        if known_key and str(existing.key) != known_key:
+        if known_key and known_key not in (key_fingerprint(existing.key), str(existing.key)):
             return Refused(
-                f"the cluster at {paths.root} on {spec.zookeeper} has key {existing.key}, "
+                f"the cluster at {paths.root} on {spec.zookeeper} has key "
+                f"{key_fingerprint(existing.key)}, "
                 f"but this resource's cluster has key {known_key}: it was created anew "
                 f"under the same name; nothing was changed"
             )
@@ -78,11 +80,11 @@ def ensure_cluster(
         ]
         if diffs:
             return Unsupported(
-                str(existing.key),
+                key_fingerprint(existing.key),
                 f"the cluster's {'; '.join(diffs)}: changing these is not supported yet; "
                 f"the cluster keeps running as it is (set the spec back to clear this)",
             )
-        return Created(str(existing.key), adopted=True)
+        return Created(key_fingerprint(existing.key), adopted=True)
     if known_key:
         return Refused(
             f"this resource's cluster (key {known_key}) is not at {paths.root} on "
@@ -98,4 +100,4 @@ def ensure_cluster(
         spec.replicas_per_partition,
         spec.storage_addresses(),
     )
-    return Created(str(result.params.key), adopted=not result.created)
+    return Created(key_fingerprint(result.params.key), adopted=not result.created)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from waltz_client.cluster.admin import ClusterState
+from waltz_client.cluster.metadata import key_fingerprint
 
 from .rollout import PartitionState
 from .status import PartitionObserved
@@ -161,7 +162,7 @@ def combine(
     errors = [f"server {s}: {e}" for s, e in sorted((scrape_errors or {}).items())]
     return ClusterView(
         root=state.root,
-        key=str(state.params.key),
+        key=key_fingerprint(state.params.key),
         name=state.params.name,
         partitions=tuple(partitions),
         servers={s: f"{r.host}:{r.http_port}" for s, r in sorted(state.servers.items())},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -22,6 +23,7 @@ from operator_harness import (
 )
 
 from waltz_client.cluster import admin
+from waltz_client.cluster.metadata import key_fingerprint
 
 
 @pytest.mark.asyncio
@@ -41,7 +43,8 @@ async def test_create_applies_the_objects_creates_the_cluster_and_reports(zookee
         assert {r.user for r in api.requests} == {OPERATOR_USER}
         params = admin.read_params(zk, zk_root)
         assert params.name == f"{NS}/demo" and params.num_partitions == 4
-        assert body["status"]["clusterKey"] == str(params.key)
+        assert body["status"]["clusterKey"] == key_fingerprint(params.key)
+        assert str(params.key) not in json.dumps([body, api.events()])  # a secret
         assert condition(body, "Ready")["status"] == "False"  # no pods run here
 
 
@@ -335,5 +338,6 @@ async def test_an_operator_restarted_before_it_wrote_status_adopts_its_cluster(
         created_events = len(events(api, "ClusterCreated"))
         async with running_operator(api, NS):
             body = await until_created(api)
-        assert body["status"]["clusterKey"] == key == str(admin.read_params(zk, zk_root).key)
+        assert body["status"]["clusterKey"] == key
+        assert key == key_fingerprint(admin.read_params(zk, zk_root).key)
         assert len(events(api, "ClusterCreated")) == created_events  # adopted, not created

@@ -20,6 +20,7 @@ from waltz_client.cluster.metadata import (
     ReplicaAssignment,
     ReplicaState,
     ServerRegistration,
+    key_fingerprint,
 )
 from waltz_operator.metrics import OperatorMetrics
 from waltz_operator.observe import ServerPartition, combine, parse_server_metrics
@@ -177,7 +178,11 @@ def test_combine_counts_only_the_current_owners_assigned_replicas_in_session():
         storage_up={A: True, B: True, C: False},
         scrape_errors={"server-2": "http://10.0.1.3:9001/metrics: timed out"},
     )
-    assert (view.root, view.name, view.key) == ("/waltz/demo", "demo", str(uuid.UUID(int=7)))
+    assert (view.root, view.name, view.key) == (
+        "/waltz/demo",
+        "demo",
+        key_fingerprint(uuid.UUID(int=7)),
+    )
     p0, p1, p2 = view.partitions
 
     # 2 of 3 in the session: a quorum.

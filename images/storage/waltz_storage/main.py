@@ -122,7 +122,7 @@ async def serve(config: StorageConfig) -> int:
         "storage node serving partitions %s of cluster %s on %s:%d (http %d), dir %s, "
         "per-record loops %s",
         format_partition_ranges(set(node.partitions)) or "none",
-        key,
+        key_fingerprint(key),  # the key itself is a secret: never logged
         config.host,
         port,
         http_port,

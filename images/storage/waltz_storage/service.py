@@ -667,7 +667,7 @@ class StorageNode:
             log.info(
                 "initialised %s for cluster %s with %d partitions",
                 directory,
-                cluster_key,
+                key_fingerprint(cluster_key),
                 num_partitions,
             )
         try:
