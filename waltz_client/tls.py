@@ -159,6 +159,18 @@ class TlsContexts:
         return front
 
 
+def warn_plaintext(daemon: str, host: str, port: int, logger: logging.Logger) -> None:
+    """Say once, at WARNING, that a daemon serves in plain text: nothing it says or hears
+    is encrypted, and no peer proves who it is (docs/security.md)."""
+    logger.warning(
+        "%s listens on %s:%d in PLAIN TEXT: its traffic is unencrypted and unauthenticated; "
+        "give it tls_cert, tls_key and tls_ca to turn on mutual TLS (docs/security.md)",
+        daemon,
+        host,
+        port,
+    )
+
+
 def peer_identity(transport: Any) -> str | None:
     """The identity in the peer's verified certificate: its subject common name, else its
     first DNS or URI subject alternative name; None without TLS or a certificate."""

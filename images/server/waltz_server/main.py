@@ -9,6 +9,7 @@ import signal
 import sys
 
 from waltz_client.daemon import run_daemon, settle_heap, start_http, write_ready_file
+from waltz_client.tls import warn_plaintext
 from waltz_client.wire.native import describe as describe_loops
 
 from .config import ConfigError, ServerConfig, load_config
@@ -50,6 +51,8 @@ async def serve(config: ServerConfig) -> int:
         return 2
     server_id = config.server_id or f"{config.advertised()}-{port}"
     coordinator.registration = config.registration(server_id, port, http_port)
+    if not config.tls.enabled:
+        warn_plaintext("server", config.host, port, log)
     if config.tls.enabled:
         log.info(
             "server %s: clients dial %s and check its certificate for %s",

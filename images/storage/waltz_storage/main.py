@@ -12,7 +12,7 @@ from waltz_client.cluster.metadata import ReplicaAssignment, key_fingerprint
 from waltz_client.daemon import HttpThread, run_daemon, settle_heap, write_ready_file
 from waltz_client.partition_ranges import format_partition_ranges
 from waltz_client.peer_limits import peer_limits_of
-from waltz_client.tls import TlsContexts
+from waltz_client.tls import TlsContexts, warn_plaintext
 from waltz_client.wire.native import describe as describe_loops
 
 from .config import ConfigError, StorageConfig, load_config
@@ -110,6 +110,8 @@ async def serve(config: StorageConfig) -> int:
         if follower:
             await follower.close()
         return _error(f"cannot listen on {config.host}: {e.strerror}")
+    if not config.tls.enabled:
+        warn_plaintext("storage node", config.host, port, log)
 
     advertised = ""
     if follower is not None:
