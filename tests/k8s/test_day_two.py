@@ -74,6 +74,29 @@ def play_claims(api, count: int = 3) -> None:
         )
 
 
+def play_storage_pod(
+    api, sts: dict, ordinal: int, node: str | None = None, ready: bool = False
+) -> None:
+    """A storage pod as the StatefulSet controller makes it (no owner: an orphan, or
+    one the test's controller does not track), on ``node``, ready or not."""
+    spec: dict = {"containers": [{"name": "storage", "image": "waltz-storage"}]}
+    if node:
+        spec["nodeName"] = node
+    pod: dict = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"demo-storage-{ordinal}",
+            "namespace": NS,
+            "labels": sts["spec"]["template"]["metadata"]["labels"],
+        },
+        "spec": spec,
+    }
+    if ready:
+        pod["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    api.put(pod)
+
+
 def claim_sizes(api) -> list[str]:
     return [
         c["spec"]["resources"]["requests"]["storage"]
@@ -397,22 +420,7 @@ async def test_storage_nodes_zones_become_placement_groups_and_partitions_spread
             await created(api)
             sts = await eventually(lambda: obj(api, STS, NS, "demo-storage"))
             for i in range(6):
-                api.put(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "metadata": {
-                            "name": f"demo-storage-{i}",
-                            "namespace": NS,
-                            "labels": sts["spec"]["template"]["metadata"]["labels"],
-                        },
-                        "spec": {
-                            "nodeName": f"node-{'aabbcc'[i]}",
-                            "containers": [{"name": "storage", "image": "waltz-storage"}],
-                        },
-                        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-                    }
-                )
+                play_storage_pod(api, sts, i, node=f"node-{'aabbcc'[i]}", ready=True)
 
             def groups() -> dict[str, int]:
                 assignment, _ = admin.read_assignment(zk, zk_root)
@@ -536,18 +544,7 @@ async def test_a_statefulset_made_again_keeps_every_pod_it_left(zookeeper, zk_ro
             await created(api)
             sts = await eventually(lambda: obj(api, STS, NS, "demo-storage"))
         for i in range(4):
-            api.put(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {
-                        "name": f"demo-storage-{i}",
-                        "namespace": NS,
-                        "labels": sts["spec"]["template"]["metadata"]["labels"],
-                    },
-                    "spec": {"containers": [{"name": "storage", "image": "waltz-storage"}]},
-                }
-            )
+            play_storage_pod(api, sts, i)
         api.remove(STS, NS, "demo-storage", propagation="Orphan")
         await api.gc_idle()
         assert obj(api, STS, NS, "demo-storage") is None
