@@ -25,14 +25,17 @@ import collections
 import contextlib
 import os
 import random
+import ssl
 import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import event_loop
+from .fuzz_tls import capture_client_hello, mutate_client_hello
+from .tls import TlsFiles, build_context
 from .wire.client_messages import (
     CLIENT_REQUESTS,
     SERVER_PROTOCOL_VERSIONS,
@@ -107,6 +110,10 @@ class FuzzTarget:
     # who reads ZooKeeper learns them, docs/security.md), reach the partitions' logs.
     # False plays a stranger: every session ID a frame carries is kept away from them.
     replay_sessions: bool = True
+    # A TLS port: a ClientHello its clients send (fuzz_tls.capture_client_hello). Some
+    # connections then send mutations of it over plain TCP, some handshake without a
+    # client certificate; the rest handshake as the client and send frames inside TLS.
+    tls_hello: bytes = b""
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -545,7 +552,9 @@ class ConnectionPlan:
 
     index: int
     seed: int  # plan_connection(target, seed, index) gives this plan again
-    opening: str  # "handshake", "open", "no-open", "bad-open", "none" or "bad-hello"
+    # "handshake", "open", "no-open", "bad-open", "none", "bad-hello"; on a TLS port also
+    # "tls-stranger" (``raw`` instead of a TLS session) and "tls-no-cert" (no client cert)
+    opening: str
     hello: bytes  # the 12-byte hello, a broken one, or nothing
     open_frame: bytes  # storage: the Open sent before the frames, or nothing
     await_replies: bool  # read the hello reply (and Open's answer) first, as a client does
@@ -553,10 +562,12 @@ class ConnectionPlan:
     mutations: tuple[str, ...]  # per frame: the mutation, or "" for a valid frame
     fragment: bool  # send the first bytes a few at a time
     ending: str  # "eof", "close", "abort" or "linger"
+    raw: bytes = b""  # tls-stranger: what is sent over plain TCP to the TLS port
+    tls_mutation: str = ""  # tls-stranger: how ``raw`` was made of the ClientHello
 
     @property
     def stream(self) -> bytes:
-        return self.hello + self.open_frame + b"".join(self.frames)
+        return self.raw or self.hello + self.open_frame + b"".join(self.frames)
 
 
 def hello_for(t: FuzzTarget) -> bytes:
@@ -626,6 +637,12 @@ def _stranger(frame: bytes) -> bytes:
 def plan_connection(t: FuzzTarget, seed: int, index: int = 0) -> ConnectionPlan:
     """One connection's plan, a function of ``seed`` alone."""
     rng = random.Random(seed)
+    tls_opening = ""
+    if t.tls_hello:  # extra draws only on a TLS port: plain plans stay as they were
+        r = rng.random()
+        if r < 0.25:
+            return _tls_stranger(rng, t, seed, index)
+        tls_opening = "tls-no-cert" if r < 0.3 else ""
     opening, hello, open_frame = _opening(rng, t)
     r = rng.random()
     count = 1 if r < 0.2 else rng.randrange(2, 16) if r < 0.7 else rng.randrange(16, 128)
@@ -650,14 +667,35 @@ def plan_connection(t: FuzzTarget, seed: int, index: int = 0) -> ConnectionPlan:
     return ConnectionPlan(
         index,
         seed,
-        opening,
+        tls_opening or opening,
         hello,
         open_frame,
-        await_replies=opening in ("handshake", "open") and rng.random() < 0.5,
+        await_replies=not tls_opening and opening in ("handshake", "open") and rng.random() < 0.5,
         frames=tuple(frames),
         mutations=tuple(mutations),
         fragment=rng.random() < 0.1,
         ending=ending,
+    )
+
+
+def _tls_stranger(rng: random.Random, t: FuzzTarget, seed: int, index: int) -> ConnectionPlan:
+    """A peer that sends a mutated ClientHello (or no TLS at all) to the TLS port."""
+    name, raw = mutate_client_hello(rng, t.tls_hello, hello_for(t))
+    r = rng.random()
+    ending = "eof" if r < 0.5 else "close" if r < 0.7 else "abort" if r < 0.9 else "linger"
+    return ConnectionPlan(
+        index,
+        seed,
+        "tls-stranger",
+        b"",
+        b"",
+        await_replies=False,
+        frames=(),
+        mutations=(),
+        fragment=rng.random() < 0.2,
+        ending=ending,
+        raw=raw,
+        tls_mutation=name,
     )
 
 
@@ -718,12 +756,34 @@ PROBE_FAILURES_TO_STOP = 3
 
 
 @dataclass(frozen=True, slots=True)
+class TlsDial:
+    """How the fuzzer dials a TLS port: as a peer with a certificate the daemon accepts
+    (so frames reach the protocol behind TLS), and as one without a certificate."""
+
+    context: ssl.SSLContext
+    anonymous: ssl.SSLContext
+    server_hostname: str
+
+    @classmethod
+    def of(cls, files: TlsFiles, server_hostname: str) -> TlsDial:
+        return cls(
+            build_context(files, listening=False),
+            build_context(TlsFiles(ca=files.ca), listening=False),
+            server_hostname,
+        )
+
+    def client_hello(self) -> bytes:
+        return capture_client_hello(self.context, self.server_hostname)
+
+
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     name: str
     host: str
     port: int
     pid: int | None = None
     alive: Callable[[], bool] | None = None  # default: /proc/<pid>
+    tls: TlsDial | None = None  # the port speaks TLS
 
     def is_alive(self) -> bool | None:
         if self.alive is not None:
@@ -749,6 +809,8 @@ class FuzzStats:
     reset: int = 0  # reset or broken pipe
     write_stalls: int = 0  # the daemon did not take our bytes within WRITE_TIMEOUT
     close_timeouts: int = 0  # the daemon kept the connection open past our EOF
+    tls_strangers: int = 0  # mutated ClientHellos (or plain text) sent to a TLS port
+    tls_no_cert: int = 0  # TLS connections without a client certificate
     seconds: float = 0.0
     probes: int = 0
     probe_failures: int = 0
@@ -793,19 +855,31 @@ async def _send(writer: asyncio.StreamWriter, data: bytes) -> None:
     await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
 
 
+def _dial(host: str, port: int, plan: ConnectionPlan, tls: TlsDial | None) -> Any:
+    if tls is None or plan.opening == "tls-stranger":
+        return asyncio.open_connection(host, port)
+    context = tls.anonymous if plan.opening == "tls-no-cert" else tls.context
+    return asyncio.open_connection(host, port, ssl=context, server_hostname=tls.server_hostname)
+
+
 async def run_connection(
-    host: str, port: int, plan: ConnectionPlan, stats: FuzzStats, reply_timeout: float
+    host: str,
+    port: int,
+    plan: ConnectionPlan,
+    stats: FuzzStats,
+    reply_timeout: float,
+    tls: TlsDial | None = None,
 ) -> None:
     """Send one plan; count what happened. Never raises for what the daemon does."""
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port), CONNECT_TIMEOUT
-        )
-    except (OSError, TimeoutError):
+        reader, writer = await asyncio.wait_for(_dial(host, port, plan, tls), CONNECT_TIMEOUT)
+    except (OSError, TimeoutError, ssl.SSLError):  # ssl.SSLError: the handshake refused
         stats.refused += 1
         stats.unsent += len(plan.frames)
         return
     stats.connections += 1
+    stats.tls_strangers += plan.opening == "tls-stranger"
+    stats.tls_no_cert += plan.opening == "tls-no-cert"
     sink: asyncio.Task[None] | None = None
     sent = False
     try:
@@ -851,18 +925,31 @@ async def run_connection(
         stats.mutated += sum(1 for m in plan.mutations if m)
         stats.bytes_sent += len(plan.stream)
         stats.mutation_counts.update(m for m in plan.mutations if m)
+        if plan.tls_mutation:
+            stats.mutation_counts[f"tls {plan.tls_mutation}"] += 1
     else:
         stats.unsent += len(plan.frames)
 
 
-async def probe(host: str, port: int, t: FuzzTarget, timeout: float = PROBE_TIMEOUT) -> float:
+async def probe(
+    host: str,
+    port: int,
+    t: FuzzTarget,
+    timeout: float = PROBE_TIMEOUT,
+    tls: TlsDial | None = None,
+) -> float:
     """Seconds a well-formed request takes to be answered (any answer); raises if none.
     Storage: Open, then a partition request (answered by the partition's worker thread);
     server: a high-water mark request (answered by the partition or as not owned)."""
     started = time.perf_counter()
 
     async def exchange() -> None:
-        reader, writer = await asyncio.open_connection(host, port)
+        if tls is None:
+            reader, writer = await asyncio.open_connection(host, port)
+        else:
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=tls.context, server_hostname=tls.server_hostname
+            )
         try:
             writer.write(hello_for(t))
             reply = await reader.readexactly(HANDSHAKE_BYTES)
@@ -919,7 +1006,7 @@ async def fuzz_target(
                 return
             in_flight[plan.index] = plan.seed
             try:
-                await run_connection(host, port, plan, stats, reply_timeout)
+                await run_connection(host, port, plan, stats, reply_timeout, endpoint.tls)
             finally:
                 del in_flight[plan.index]
                 recent.append((plan.index, plan.seed))
@@ -936,7 +1023,7 @@ async def fuzz_target(
                 return
             stats.probes += 1
             try:
-                seconds = await probe(host, port, target)
+                seconds = await probe(host, port, target, tls=endpoint.tls)
                 stats.probe_max_seconds = max(stats.probe_max_seconds, seconds)
                 failures = 0
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError):
@@ -960,7 +1047,7 @@ async def fuzz_target(
     stats.alive_after = endpoint.is_alive()
     if stats.alive_after is not False:
         try:
-            await probe(host, port, target)
+            await probe(host, port, target, tls=endpoint.tls)
             stats.answered_after = True
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             stats.answered_after = False
@@ -986,6 +1073,9 @@ async def check_client(
     zk_root: str,
     transactions: int = 8,
     timeout: float = 60.0,
+    *,
+    tls: TlsFiles | None = None,
+    zk_tls: TlsFiles | None = None,
 ) -> ClientCheck:
     """Append ``transactions`` transactions through the client library, spread over the
     partitions, and read each back (its data, and a range read). A healthy cluster
@@ -1006,7 +1096,9 @@ async def check_client(
             builder.set_data(self.data)
             return True
 
-    config = WaltzClientConfig(zookeeper, zk_root=zk_root, feed=False, max_retries=200)
+    config = WaltzClientConfig(
+        zookeeper, zk_root=zk_root, feed=False, max_retries=200, tls=tls, zk_tls=zk_tls
+    )
     nonce = uuid.uuid4().hex
 
     async def run() -> ClientCheck:
@@ -1103,26 +1195,38 @@ async def fuzz_cluster(
 ) -> ClusterFuzzResult:
     """Fuzz a started local cluster's first storage node, then its first server, then
     check that a client of the cluster appends and reads back. ``replay_sessions``: see
-    ``FuzzTarget``."""
+    ``FuzzTarget``. On a TLS cluster the fuzzer dials storage with the admin certificate
+    and the server with the client's, and also sends mutated handshakes."""
+    from .local.cluster import ADMIN_IDENTITY
+
     assert cluster.created is not None, "start the cluster first"
-    if cluster.pki is not None:
-        raise ValueError("the fuzzer speaks plain TCP: start the cluster without TLS")
     num_partitions = cluster.layout.partitions
     key = cluster.created.params.key
+    storage_tls = server_tls = None
+    if cluster.pki is not None and cluster.client_tls is not None:
+        storage_tls = TlsDial.of(cluster.pki[ADMIN_IDENTITY], "127.0.0.1")
+        server_tls = TlsDial.of(cluster.client_tls, "127.0.0.1")
     runs = [
-        (cluster.storages[0], FuzzTarget("storage", num_partitions, key, replay_sessions)),
-        (cluster.servers[0], FuzzTarget("server", num_partitions)),
+        (
+            cluster.storages[0],
+            storage_tls,
+            FuzzTarget("storage", num_partitions, key, replay_sessions),
+        ),
+        (cluster.servers[0], server_tls, FuzzTarget("server", num_partitions)),
     ]
     daemons = [*cluster.storages, *cluster.servers]
     offsets = {d.name: _log_size(d.log_path) for d in daemons}
     results: list[FuzzStats] = []
-    for proc, target in runs:
+    for proc, tls, target in runs:
+        if tls is not None:
+            target = replace(target, tls_hello=tls.client_hello())
         endpoint = Endpoint(
             proc.name,
             "127.0.0.1",
             int(proc.ready["port"]),
             proc.pid,
             alive=lambda proc=proc: proc.running,
+            tls=tls,
         )
         announce(f"fuzzing {proc.name} (pid {proc.pid}): {frames:,} frames, seed {seed}")
         stats = await fuzz_target(
@@ -1136,7 +1240,13 @@ async def fuzz_cluster(
         )
         results.append(stats)
         announce("\n".join(describe_stats(stats)))
-    check = await check_client(cluster.zookeeper_connect, cluster.layout.root, client_transactions)
+    check = await check_client(
+        cluster.zookeeper_connect,
+        cluster.layout.root,
+        client_transactions,
+        tls=cluster.client_tls,
+        zk_tls=cluster.client_zk_tls,
+    )
     errors = {d.name: _new_error_lines(d.log_path, offsets[d.name]) for d in daemons}
     return ClusterFuzzResult(
         results,
@@ -1159,7 +1269,13 @@ def describe_stats(s: FuzzStats) -> list[str]:
     lines = [
         f"{s.name} ({s.protocol} protocol, {s.address}): {s.frames:,} frames "
         f"({s.mutated:,} mutated, {s.bytes_sent / 1e6:,.1f} MB) in {s.seconds:.1f} s: "
-        f"{s.frames_per_s:,.0f} frames/s over {s.connections:,} connections",
+        f"{s.frames_per_s:,.0f} frames/s over {s.connections:,} connections"
+        + (
+            f" ({s.tls_strangers:,} with a mutated TLS handshake, {s.tls_no_cert:,} "
+            f"without a client certificate)"
+            if s.tls_strangers or s.tls_no_cert
+            else ""
+        ),
         f"  {s.unsent:,} frames not written (the daemon had closed the connection); "
         f"connections refused {s.refused:,}, reset {s.reset:,}, writes stalled "
         f"{s.write_stalls:,}, kept open past our EOF {s.close_timeouts:,}; probes "
@@ -1198,6 +1314,11 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--reply-timeout", type=float, default=0.5, help="seconds to wait for replies")
     p.add_argument("--data-dir", default=".waltz-local/fuzz", help="local cluster; wiped")
     p.add_argument("--partitions", type=int, default=4, help="local cluster (default 4)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="local cluster in plain text (default: mutual TLS, and mutated TLS handshakes)",
+    )
     p.add_argument("--target", metavar="HOST:PORT", help="fuzz this running daemon instead")
     p.add_argument("--protocol", choices=PROTOCOLS, help="with --target: what it speaks")
     p.add_argument("--pid", type=int, help="with --target: its process, for alive and RSS")
@@ -1205,6 +1326,10 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--zk-root", default="/waltz", help="with --zookeeper (default /waltz)")
     p.add_argument("--cluster-key", type=uuid.UUID, help="with --target storage: for Open")
     p.add_argument("--num-partitions", type=int, help="with --target: partitions to aim at")
+    p.add_argument("--tls-cert", help="with --target: the port speaks TLS; dial with this cert")
+    p.add_argument("--tls-key", help="with --tls-cert: its key")
+    p.add_argument("--tls-ca", help="with --target: the CA the daemon's certificate chains to")
+    p.add_argument("--tls-server-name", help="with --tls-ca: the name to check (default HOST)")
     p.add_argument(
         "--no-replay-sessions",
         dest="replay_sessions",
@@ -1242,8 +1367,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 def _cmd_local(args: argparse.Namespace) -> int:
     from .demo.common import fresh_cluster
 
-    cluster = fresh_cluster(args.data_dir, args.partitions, 1, [])
-    print(f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions")
+    cluster = fresh_cluster(args.data_dir, args.partitions, 1, [], tls=not args.insecure)
+    print(
+        f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions, "
+        + ("plain text" if args.insecure else "mutual TLS")
+    )
     cluster.start()
     try:
         result = event_loop.run(
@@ -1306,8 +1434,23 @@ def _cmd_target(args: argparse.Namespace) -> int:
             close(zk)
         key = key or params.key
         partitions = partitions or params.num_partitions
-    target = FuzzTarget(args.protocol, partitions or 4, key, args.replay_sessions)
-    endpoint = Endpoint(args.target, host, int(port), args.pid)
+    tls, files = None, None
+    if args.tls_ca or args.tls_cert:
+        files = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca)
+        try:
+            files.check("tls", listening=False)
+            tls = TlsDial.of(files, args.tls_server_name or host)
+        except (ValueError, OSError, ssl.SSLError) as e:
+            print(f"waltz fuzz: error: {e}")
+            return 2
+    target = FuzzTarget(
+        args.protocol,
+        partitions or 4,
+        key,
+        args.replay_sessions,
+        tls_hello=tls.client_hello() if tls is not None else b"",
+    )
+    endpoint = Endpoint(args.target, host, int(port), args.pid, tls=tls)
     if args.replay is not None:
         return _replay(endpoint, target, args)
     print(
@@ -1327,7 +1470,13 @@ def _cmd_target(args: argparse.Namespace) -> int:
         )
     )
     print("\n".join(describe_stats(stats)))
-    check = event_loop.run(check_client(args.zookeeper, args.zk_root)) if args.zookeeper else None
+    # The client check dials servers: with the --tls-* files when they are a client's.
+    client_tls = files if tls is not None and args.protocol == "server" else None
+    check = (
+        event_loop.run(check_client(args.zookeeper, args.zk_root, tls=client_tls))
+        if args.zookeeper
+        else None
+    )
     return _verdict([stats], check, [args.target] if stats.alive_after is False else [])
 
 
@@ -1337,6 +1486,8 @@ def _replay(endpoint: Endpoint, target: FuzzTarget, args: argparse.Namespace) ->
         f"connection seed {args.replay}: opening {plan.opening}, {len(plan.frames)} frames, "
         f"ending {plan.ending}"
     )
+    if plan.raw:  # the ClientHello it mutates is captured afresh: the same shape, new random
+        print(f"  tls {plan.tls_mutation:>8} {plan.raw[:48].hex()}{'...' * (len(plan.raw) > 48)}")
     for frame, mutation in zip(plan.frames, plan.mutations, strict=True):
         print(f"  {mutation or 'valid':>12} {frame[:48].hex()}{'...' if len(frame) > 48 else ''}")
 
@@ -1349,11 +1500,13 @@ def _replay(endpoint: Endpoint, target: FuzzTarget, args: argparse.Namespace) ->
             args.replay,
             target.num_partitions,
         )
-        await run_connection(endpoint.host, endpoint.port, plan, stats, args.reply_timeout)
+        await run_connection(
+            endpoint.host, endpoint.port, plan, stats, args.reply_timeout, endpoint.tls
+        )
         await asyncio.sleep(1.0)  # a crash takes a moment to show
         stats.alive_after = endpoint.is_alive()
         try:
-            await probe(endpoint.host, endpoint.port, target)
+            await probe(endpoint.host, endpoint.port, target, tls=endpoint.tls)
             stats.answered_after = True
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             stats.answered_after = False

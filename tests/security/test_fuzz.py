@@ -25,6 +25,7 @@ from waltz_client.fuzz import (
     MUTATIONS,
     PROTOCOLS,
     FuzzTarget,
+    TlsDial,
     base_frame,
     describe_stats,
     fuzz_cluster,
@@ -32,6 +33,13 @@ from waltz_client.fuzz import (
     plan_connection,
     plan_connections,
 )
+from waltz_client.fuzz_tls import (
+    MAX_RECORD_BYTES,
+    TLS_MUTATIONS,
+    hello_fields,
+    mutate_client_hello,
+)
+from waltz_client.local.certs import local_pki
 from waltz_client.wire.client_messages import CLIENT_REQUESTS, decode_client_request
 from waltz_client.wire.framing import FrameDecoder, Hello
 from waltz_client.wire.storage_messages import STORAGE_REQUESTS, OpenRequest, decode_request
@@ -166,6 +174,92 @@ def test_fuzzed_daemons_stay_up_and_serve_a_client(make_cluster) -> None:
     assert result.check.ok, result.check
     assert result.check.read_back == result.check.committed > 0
     # An exception the fuzzer provoked, even one a daemon survived, is a finding.
+    tracebacks = {
+        name: lines
+        for name, lines in result.logged_errors.items()
+        if any("Traceback" in line for line in lines)
+    }
+    assert not tracebacks, tracebacks
+
+
+# --- the TLS ports ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client_hello(tmp_path_factory) -> bytes:
+    """A real ClientHello of a client context with a certificate (a throw-away CA)."""
+    pki = local_pki(str(tmp_path_factory.mktemp("pki")), {"waltz-client": ["127.0.0.1"]})
+    return TlsDial.of(pki["waltz-client"], "127.0.0.1").client_hello()
+
+
+def test_the_client_hello_fields_are_where_the_rfc_puts_them(client_hello: bytes) -> None:
+    fields = {f.name: f for f in hello_fields(client_hello)}
+    value = {
+        n: int.from_bytes(client_hello[f.offset : f.offset + f.width]) for n, f in fields.items()
+    }
+    assert value["content type"] == 0x16 and value["handshake type"] == 1
+    assert value["record length"] == len(client_hello) - 5
+    assert value["handshake length"] == len(client_hello) - 9
+    ext = fields["extensions length"]
+    assert ext.offset + 2 + value["extensions length"] == len(client_hello)
+
+
+def test_tls_plans_mix_strangers_anonymous_and_certified_peers(client_hello: bytes) -> None:
+    t = FuzzTarget("server", 3, tls_hello=client_hello)
+    plans = list(plan_connections(t, 5, 4000))
+    assert plans == list(plan_connections(t, 5, 4000))  # a function of the seed and hello
+    openings = collections.Counter(p.opening for p in plans)
+    assert openings["tls-stranger"] > len(plans) // 8, openings
+    assert openings["tls-no-cert"] > 0 and openings["handshake"] > len(plans) // 3, openings
+    strangers = [p for p in plans if p.opening == "tls-stranger"]
+    assert all(p.raw and not p.frames and p.stream == p.raw for p in strangers)
+    assert {p.tls_mutation for p in strangers} == set(TLS_MUTATIONS)
+    assert sum(p.raw != client_hello for p in strangers) > 0.9 * len(strangers)
+    # A plain port's plans do not change: the TLS draws are taken only on a TLS port.
+    plain = FuzzTarget("server", 3)
+    assert all(p.opening != "tls-stranger" for p in plan_connections(plain, 5, 4000))
+
+
+def test_tls_mutations_break_what_they_say(client_hello: bytes) -> None:
+    plain = hello_for(FuzzTarget("server", 3))
+    body = client_hello[5:]
+    for seed in range(300):
+        rng = random.Random(seed)
+        name, out = mutate_client_hello(rng, client_hello, plain)
+        if name == "split":  # records whose bodies are the handshake again
+            records, pos = [], 0
+            while pos < len(out):
+                n = int.from_bytes(out[pos + 3 : pos + 5])
+                records.append(out[pos + 5 : pos + 5 + n])
+                pos += 5 + n
+            assert pos == len(out) and b"".join(records) == body and len(records) > 1
+        elif name == "oversized":
+            assert int.from_bytes(out[3:5]) > MAX_RECORD_BYTES
+        elif name == "plain":
+            assert out.startswith(plain)
+        elif name == "truncate":
+            assert client_hello.startswith(out) and len(out) < len(client_hello)
+        elif name == "sslv2":
+            assert out[0] & 0x80 and out[2] == 1
+        elif name != "garbage":
+            assert out != client_hello, name
+
+
+@pytest.mark.timeout(240)
+def test_fuzzed_tls_daemons_stay_up_and_serve_a_client(make_cluster) -> None:
+    """Mutated handshakes, handshakes without a certificate and frames inside TLS, to a
+    storage node and a server on mutual TLS; then a client on TLS is served."""
+    cluster = make_cluster(partitions=2, servers=1, tls=True)
+    result = asyncio.run(
+        fuzz_cluster(cluster, frames=4000, seed=20261128, concurrency=8, replay_sessions=False)
+    )
+    report = "\n".join(line for s in result.stats for line in describe_stats(s))
+    for s in result.stats:
+        assert s.alive_after and s.answered_after and not s.stopped, report
+        assert s.tls_strangers > 10 and s.tls_no_cert > 0, report
+        assert s.frames > 2000 and s.mutated > 0, report
+    assert not result.dead and result.check.ok, (result.dead, result.check)
+    assert result.check.read_back == result.check.committed > 0
     tracebacks = {
         name: lines
         for name, lines in result.logged_errors.items()
