@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import WatchedEvent
 
 from waltz_client.cluster.admin import read_params
 from waltz_client.cluster.metadata import (
@@ -63,6 +64,10 @@ class ClusterFollower:
         self.paths = ClusterPaths.of(root)
         self._zk: KazooClient | None = None
         self._watched: set[int] = set()  # retiring partitions whose metadata is watched
+        # Called (on kazoo's thread) with a partition whose metadata changed after
+        # ``recorded_session`` read it: a refusal remembered from that read is stale.
+        self.session_changed: Callable[[int], None] | None = None
+        self._partition_paths: dict[str, int] = {}
 
     async def connect(self, retry_every: float = 2.0) -> None:
         """Connect, retrying (with a log line) until ZooKeeper answers."""
@@ -145,8 +150,9 @@ class ClusterFollower:
         """The newest store session the partition's metadata records (NO_SESSION if none).
 
         Blocking, for a worker thread. A ``sync`` first: this node's ZooKeeper member
-        may lag behind the one the server just wrote the session to."""
-        metadata = self._partition_metadata(partition_id)
+        may lag behind the one the server just wrote the session to. With
+        ``session_changed`` set, the read leaves a watch that calls it on the next change."""
+        metadata = self._partition_metadata(partition_id, watch=self.session_changed is not None)
         return NO_SESSION if metadata is None else metadata.session_id
 
     def recorded_log_start(self, partition_id: int) -> int:
@@ -154,17 +160,29 @@ class ClusterFollower:
         metadata = self._partition_metadata(partition_id)
         return 0 if metadata is None else metadata.log_start
 
-    def _partition_metadata(self, partition_id: int) -> PartitionMetadata | None:
+    def _partition_metadata(
+        self, partition_id: int, watch: bool = False
+    ) -> PartitionMetadata | None:
         zk = self._zk
         if zk is None:
             raise ClusterError("not connected to ZooKeeper")
         path = self.paths.partition(partition_id)
+        if watch:
+            self._partition_paths[path] = partition_id
         try:
             zk.sync_async(path).get(timeout=SESSION_CHECK_TIMEOUT)
-            data, _ = zk.get_async(path).get(timeout=SESSION_CHECK_TIMEOUT)
+            # kazoo keeps one watcher per function and path, however often it is read.
+            watcher = self._metadata_event if watch else None
+            data, _ = zk.get_async(path, watch=watcher).get(timeout=SESSION_CHECK_TIMEOUT)
         except NoNodeError:
             return None
         return PartitionMetadata.decode(data)
+
+    def _metadata_event(self, event: WatchedEvent) -> None:  # kazoo's thread
+        partition_id = self._partition_paths.get(event.path)
+        listener = self.session_changed
+        if partition_id is not None and listener is not None:
+            listener(partition_id)
 
     def watch_partition(self, partition_id: int, on_change: Callable[[], None]) -> None:
         """Call ``on_change`` on the event loop whenever the partition's metadata changes,

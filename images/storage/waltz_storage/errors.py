@@ -1,5 +1,12 @@
 """Storage engine errors. Each message says what is wrong and where."""
 
+from __future__ import annotations
+
+import errno
+
+# A write that fails for want of room (a full disk, a quota, a file-size limit).
+OUT_OF_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
 
 class StorageEngineError(Exception):
     """Base class for errors of the on-disk engine."""
@@ -37,3 +44,20 @@ class TruncateRefused(StorageEngineError):
 
 class PartitionUnavailable(StorageEngineError):
     """The partition failed to open or failed an fsync; it serves nothing until restart."""
+
+
+class OutOfSpace(OSError):
+    """A write of an append (its records, an index entry, a new segment's header) found
+    no room, before anything it wrote was acknowledged. Unlike a failed fsync, nothing
+    is in doubt: the caller undoes the append, answers it, and the next append that
+    fits goes on, with no restart. An fsync is never retried, so only writes raise this."""
+
+    def __init__(self, error: OSError, what: str) -> None:
+        super().__init__(error.errno, f"{error.strerror or error} ({what})")
+
+
+def out_of_space(error: OSError, what: str) -> OSError:
+    """``error`` as an ``OutOfSpace`` when it says the disk had no room, else as it is."""
+    if isinstance(error, OutOfSpace) or error.errno not in OUT_OF_SPACE_ERRNOS:
+        return error
+    return OutOfSpace(error, what)

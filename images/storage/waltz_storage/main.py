@@ -91,6 +91,8 @@ async def serve(config: StorageConfig) -> int:
         )
     if follower is not None:
         node.verify_sessions_with(follower.recorded_session, follower.recorded_log_start)
+        assert node.session_checks is not None
+        follower.session_changed = node.session_checks.forget
     server = StorageServer(node, server_settings)
     # Probes and scrapes on a thread of their own: small write groups run on this loop's
     # thread, and a slow fsync must not make /healthz miss its deadline.

@@ -88,6 +88,18 @@ class StorageMetrics:
             "(node_queue_max_bytes bounds it)",
             registry=r,
         )
+        self.session_checks = Counter(
+            "waltz_storage_session_checks",
+            "Reads of a partition's metadata in ZooKeeper to check a newer store session, "
+            "by result (recorded, not_recorded, failed)",
+            ["result"],
+            registry=r,
+        )
+        self.session_refusals_remembered = Counter(
+            "waltz_storage_session_refusals_remembered",
+            "Newer store sessions refused on a recent read's word, without reading ZooKeeper",
+            registry=r,
+        )
         self.retention_deleted_bytes = Counter(
             "waltz_storage_retention_deleted_bytes",
             "Bytes of segments deleted below the partition's log start (retention)",

@@ -185,15 +185,27 @@ class PartitionLog:
                 f"partition {self.partition_id}: cannot truncate to {txid}: this node's log "
                 f"starts at transaction {self.first_txid}"
             )
+        self._cut_after(txid, write_index=True)
+        log.info("partition %d truncated after transaction %d", self.partition_id, txid)
+
+    def undo_after(self, txid: int) -> None:
+        """Undo appends that were never acknowledged (the disk had no room for them):
+        drop the records after ``txid`` and any segment a roll made for them, so the log
+        on disk holds again what it did before them; durable on return. Only cuts and
+        fsyncs, which need no free space: index entries of the records kept that are
+        not yet in the file wait for the next sync, as they did."""
+        if txid < self.max_txid:
+            self._cut_after(txid, write_index=False)
+
+    def _cut_after(self, txid: int, *, write_index: bool) -> None:
         while len(self.segments) > 1 and self.segments[-1].first_txid > txid + 1:
             seg = self.segments.pop()
             seg.close()
             os.unlink(seg.data_path)
             os.unlink(seg.index_path)
         self._segments_changed()
-        self.segments[-1].truncate_after(txid)
+        self.segments[-1].truncate_after(txid, write_index=write_index)
         fsync_directory(self.directory)
-        log.info("partition %d truncated after transaction %d", self.partition_id, txid)
 
     def advance_log_start(self, log_start: int) -> int:
         """Retention: serve nothing below ``log_start`` and delete the segments wholly

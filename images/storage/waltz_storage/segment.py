@@ -17,14 +17,19 @@ after a crash.
 
 The ``.idx`` file holds one i64 record offset per transaction after its
 header. Records are fdatasync'd before an append is acknowledged; index entries
-are written after each data fsync and fsync'd every ``INDEX_CHECKPOINT``
-entries. On open every record is checked (``scan_records``) and the index
-only serves as evidence of which records were synced; ``recovery.py`` makes
-the decisions, ``Segment.from_scan`` applies them.
+are written after each data fsync (and before the acknowledgement) and fsync'd every
+``INDEX_CHECKPOINT`` entries. A write that finds no room (records, index entries, a new
+segment's files) raises ``OutOfSpace``: the caller undoes the append (``truncate_after``
+with ``write_index=False``) and the next one that fits goes on.
+
+On open every record is checked (``scan_records``) and the index only serves as
+evidence of which records were synced; ``recovery.py`` makes the decisions,
+``Segment.from_scan`` applies them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -41,7 +46,7 @@ from waltz_client.wire.native import native
 from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch
 
 from .control_file import fsync_directory
-from .errors import CorruptSegment, TransactionNotFound
+from .errors import CorruptSegment, TransactionNotFound, out_of_space
 from .index_offsets import IndexedOffsets
 
 if TYPE_CHECKING:
@@ -278,13 +283,22 @@ class Segment:
         created_ms = int(time.time() * 1000)
         header = encode_header(cluster_key, partition_id, first_txid, created_ms)
         stem = os.path.join(directory, segment_stem(first_txid))
-        fds = []
-        for suffix in (".idx", ".seg"):
-            fd = os.open(stem + suffix, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.write(fd, header)
-            os.fsync(fd)
-            fds.append(fd)
-        fsync_directory(directory)
+        fds: list[int] = []
+        try:
+            for suffix in (".idx", ".seg"):
+                fds.append(os.open(stem + suffix, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644))
+                _write_all(fds[-1], header, 0)
+                os.fsync(fds[-1])
+            fsync_directory(directory)
+        except OSError as e:
+            # A roll on a full disk: leave no half-made segment behind (the next roll, or
+            # the next open, would find one), and say whether the disk was full.
+            for fd in fds:
+                os.close(fd)
+            for suffix in (".idx", ".seg")[: len(fds)]:
+                with contextlib.suppress(OSError):
+                    os.unlink(stem + suffix)
+            raise out_of_space(e, f"creating {stem}.seg") from e
         return cls(
             directory,
             partition_id,
@@ -406,19 +420,13 @@ class Segment:
         zeros ahead of them, up to offset ``zeros_until`` (where the segment will roll)."""
         start = self.size
         try:
-            view = memoryview(data)
-            done = 0
-            while done < len(view):  # a short write: the next says why (ENOSPC, EFBIG)
-                written = os.pwrite(self._data_fd, view[done:], start + done)
-                if written <= 0:
-                    raise OSError(f"short write: {done} of {len(data)} bytes")
-                done += written
-        except OSError:
+            _write_all(self._data_fd, data, start)
+        except OSError as e:
             # Leave no partial record behind; the caller answers with an I/O error.
             os.ftruncate(self._data_fd, start)
             self._allocated = start
             self._durable_length = min(self._durable_length, start)
-            raise
+            raise out_of_space(e, f"writing records to {self.data_path}") from e
         pos = start
         offsets = self.offsets  # the active segment's: in memory (truncate_after sees to it)
         assert isinstance(offsets, array)
@@ -470,7 +478,9 @@ class Segment:
 
     def sync(self, sync_data: Callable[[int], None] | None = None) -> None:
         """fsync the data (through ``sync_data``: the node's group sync), then write new
-        index entries; fsync the index at each checkpoint."""
+        index entries; fsync the index at each checkpoint. ``OutOfSpace`` when the index
+        has no room for its new entries: the records are durable but not acknowledged
+        yet, and the caller undoes them (an fsync's error is never retried)."""
         if self._dirty:
             # fdatasync still commits a size or block change when the zeros ran out.
             if sync_data is None:
@@ -483,7 +493,14 @@ class Segment:
         if count > self._index_written:
             entries = array("q", self.offsets[self._index_written :])
             entries.byteswap()
-            os.pwrite(self._index_fd, entries.tobytes(), HEADER_BYTES + 8 * self._index_written)
+            try:
+                # Extending the index needs a new block every 512 entries, so it can
+                # find a full disk after the records found room in their zeros.
+                _write_all(
+                    self._index_fd, entries.tobytes(), HEADER_BYTES + 8 * self._index_written
+                )
+            except OSError as e:
+                raise out_of_space(e, f"writing the index {self.index_path}") from e
             self._index_written = count
             if count // INDEX_CHECKPOINT > self._index_synced // INDEX_CHECKPOINT:
                 os.fsync(self._index_fd)
@@ -528,8 +545,11 @@ class Segment:
             self.offsets = offsets = offsets.to_array()
         return offsets
 
-    def truncate_after(self, txid: int) -> None:
-        """Drop every record after ``txid`` (``first_txid - 1`` empties the segment); fsync."""
+    def truncate_after(self, txid: int, *, write_index: bool = True) -> None:
+        """Drop every record after ``txid`` (``first_txid - 1`` empties the segment); fsync.
+
+        ``write_index=False`` (undoing an append on a full disk) only cuts: index entries
+        of the records kept that were not yet in the file are left for the next sync."""
         self._own_offsets()
         keep = txid - self.first_txid + 1
         if keep < 0:
@@ -548,6 +568,9 @@ class Segment:
         self.size = self._allocated = self._synced_size = new_size
         self._durable_length = min(self._durable_length, new_size)
         self._dirty = False
+        if not write_index:
+            self._index_synced = self._index_written  # the cut index was fsync'd above
+            return
         self.sync()  # rewrites any entries that were not yet in the file
         os.fsync(self._index_fd)
         self._index_synced = len(self.offsets)
@@ -612,6 +635,18 @@ class Segment:
             if fd >= 0:
                 os.close(fd)
         self._data_fd = self._index_fd = -1
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """pwrite all of ``data`` at ``offset``: after a short write (a full disk fills in the
+    middle of it), the next call says why."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        written = os.pwrite(fd, view[done:], offset + done)
+        if written <= 0:
+            raise OSError(f"short write: {done} of {len(view)} bytes")
+        done += written
 
 
 def common_prefix(a: array, b: array) -> int:

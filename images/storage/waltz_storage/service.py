@@ -10,7 +10,6 @@ Success is produced for an append before that fsync returns.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import time
@@ -58,6 +57,7 @@ from .errors import (
     ControlFileError,
     CorruptSegment,
     NonContiguousAppend,
+    OutOfSpace,
     PartitionRefused,
     StorageEngineError,
     TransactionNotFound,
@@ -68,17 +68,15 @@ from .metrics import PublishingLock, StorageMetrics
 from .partition import DEFAULT_MAX_TORN_BYTES, DEFAULT_SEGMENT_BYTES, PartitionLog
 from .recovery import repair_hint
 from .segment import Segment
+from .session_checks import SessionChecks
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 # What the cluster metadata records for a partition: its newest store session (the
-# server writes a session there before it uses it), or its log start. Blocking: called
-# on a worker thread.
+# server writes a session there before it uses it), or its log start. Blocking.
 SessionAuthority = Callable[[int], int]
-# A write that fails for want of room: nothing reached the disk, so nothing is in doubt.
-OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +127,9 @@ class PartitionService:
         # The disk is full (an append found no space): the partition still serves, the
         # next append that fits clears it; none is acknowledged meanwhile.
         self.out_of_space: str | None = None
+        # Where the log ended before the appends written and not yet synced: they are
+        # undone back to it when their index entries find no room.
+        self._unsynced_after = -1
         self._recovered_end = recovered_end  # a refused partition: where its intact log ends
         self._label = str(partition_id)
         # This partition's series, looked up once: labels() on every append costs CPU.
@@ -141,7 +142,7 @@ class PartitionService:
         self._lock = PublishingLock(self._state)
         # Set by the daemon when it follows ZooKeeper: a newer session is adopted only
         # once the metadata records it, so a stranger cannot fence the owner out.
-        self.session_authority: SessionAuthority | None = None
+        self.session_checks: SessionChecks | None = None
         # Likewise, the log start moves up only as far as the metadata records.
         self.log_start_authority: SessionAuthority | None = None
         # A store session truncates only before it appends: no Truncate in a session
@@ -186,6 +187,8 @@ class PartitionService:
         for request in requests:
             if unsynced and not isinstance(request, AppendRequest):
                 self._group_commit(requests, responses, unsynced)
+            if not unsynced and self.log is not None:
+                self._unsynced_after = self.log.max_txid
             response = self._handle(request)
             if response is None:
                 unsynced.append(len(responses))
@@ -223,6 +226,15 @@ class PartitionService:
         started = time.perf_counter()
         try:
             self.log.sync(sync_data)
+        except OutOfSpace as e:
+            # The records are durable but their index entries found no room. Nothing was
+            # acknowledged, and a failed write (unlike a failed fsync) leaves nothing in
+            # doubt: undo them all and serve on, as when the records find no room.
+            reason = self._undo_for_space(self._unsynced_after, e)
+            for i in unsynced:
+                responses[i] = self._failure(requests[i], StorageError.IO_ERROR, reason)
+            unsynced.clear()
+            return
         except OSError as e:
             # After a failed fsync the page cache cannot be trusted (it may drop the dirty
             # pages and report success next time): stop serving until a restart recovers.
@@ -292,22 +304,25 @@ class PartitionService:
             log.error("partition %d: %s", self.partition_id, self.unavailable)
             return self._failure(request, StorageError.IO_ERROR, str(e))
         except OSError as e:
-            if isinstance(request, AppendRequest) and e.errno in OUT_OF_SPACE:
-                return self._no_space(request, before, e)
+            if isinstance(request, AppendRequest) and isinstance(e, OutOfSpace):
+                reason = self._undo_for_space(before, e)
+                return self._failure(request, StorageError.IO_ERROR, reason)
             # A failed write or fsync leaves the files and our view of them in doubt.
             self._fail(f"I/O error on {type(request).__name__}: {e}")
             return self._failure(request, StorageError.IO_ERROR, self.unavailable or "")
 
-    def _no_space(self, request: StorageMessage, before: int, error: OSError) -> FailureResponse:
-        """An append the disk had no room for: undo what of it was written (a write that
-        fails leaves page cache and files as they were, unlike a failed fsync), answer
-        IO_ERROR, and keep serving: the next append that fits recovers, no restart."""
+    def _undo_for_space(self, before: int, error: OutOfSpace) -> str:
+        """Appends the disk had no room for (their records, their index entries, a new
+        segment): undo what of them was written, back to transaction ``before`` (a write
+        that fails leaves page cache and files as they were, unlike a failed fsync), and
+        keep serving: the next append that fits recovers, no restart. The reason to
+        answer them with (IO_ERROR)."""
         assert self.log is not None
         try:
-            self.log.truncate(before)
+            self.log.undo_after(before)
         except OSError as e:
             self._fail(f"out of space, and undoing a partial append failed: {e}")
-            return self._failure(request, StorageError.IO_ERROR, self.unavailable or "")
+            return self.unavailable or ""
         reason = (
             f"partition {self.partition_id}: {NO_SPACE_MESSAGE} in {self.log.directory} "
             f"({error.strerror or error}); nothing was written. Free space (or let retention "
@@ -316,7 +331,7 @@ class PartitionService:
         if self.out_of_space is None:
             log.error("%s", reason)
         self.out_of_space = reason
-        return self._failure(request, StorageError.IO_ERROR, reason)
+        return reason
 
     def _fence(self, request: StorageMessage) -> FailureResponse | None:
         """Refuse older sessions; adopt (durably, before anything else) a newer one."""
@@ -343,24 +358,8 @@ class PartitionService:
 
     def _unrecorded(self, session_id: int) -> str | None:
         """Why ``session_id`` may not be adopted, or None when the metadata records it."""
-        authority = self.session_authority
-        if authority is None:
-            return None
-        p = self.partition_id
-        try:
-            recorded = authority(p)
-        except Exception as e:
-            return (
-                f"partition {p}: cannot check session {session_id} against the cluster "
-                f"metadata ({type(e).__name__}: {e}); retry"
-            )
-        if session_id > recorded:
-            return (
-                f"partition {p}: session {session_id} is newer than the newest session the "
-                f"cluster metadata records ({recorded}); a server records a session before "
-                f"using it"
-            )
-        return None
+        checks = self.session_checks
+        return None if checks is None else checks.check(self.partition_id, session_id)
 
     def _check_log_start(self, log_start: int) -> None:
         """Refuse a log start the cluster metadata does not record (a server records it
@@ -596,7 +595,7 @@ class StorageNode:
         self.control = control
         self.partitions = services
         self.metrics = metrics
-        self.session_authority: SessionAuthority | None = None
+        self.session_checks: SessionChecks | None = None
         self.log_start_authority: SessionAuthority | None = None
         self.group_sync = GroupSync.for_directory(
             directory, self.settings.group_sync, self.settings.group_sync_write_back
@@ -618,11 +617,12 @@ class StorageNode:
         self, authority: SessionAuthority, log_starts: SessionAuthority | None = None
     ) -> None:
         """From now on, adopt a newer session (and move the log start up) only once the
-        cluster metadata records it."""
-        self.session_authority = authority
+        cluster metadata records it; refusals of sessions are remembered for a moment
+        (``session_checks``: its ``forget`` is for a watch of the metadata)."""
+        self.session_checks = SessionChecks(authority, self.metrics)
         self.log_start_authority = log_starts
         for svc in self.partitions.values():
-            svc.session_authority = authority
+            svc.session_checks = self.session_checks
             svc.log_start_authority = log_starts
 
     @property
@@ -757,7 +757,7 @@ class StorageNode:
         svc = self._open_partition(
             self.directory, self.control, partition_id, self.settings, self.metrics
         )
-        svc.session_authority = self.session_authority
+        svc.session_checks = self.session_checks
         svc.log_start_authority = self.log_start_authority
         self.partitions = {**self.partitions, partition_id: svc}
         return svc
