@@ -35,6 +35,9 @@ class Target:
     namespace: str
     name: str
     zookeeper: str
+    # A kubernetes.io/tls Secret with a client certificate of the cluster's CA ("": plain
+    # text): by default the operator's own CA issues one, <name>-client-tls.
+    tls_secret: str = ""
 
     @property
     def root(self) -> str:
@@ -50,9 +53,14 @@ class Target:
         return f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=server"
 
 
-def release_target(release: str, namespace: str, name: str = "waltz") -> Target:
-    """The chart's WaltzCluster (cluster.name ``name``) on the release's own ZooKeeper."""
-    return Target(namespace, name, zookeeper_of(release, namespace))
+def release_target(
+    release: str, namespace: str, name: str = "waltz", tls_secret: str | None = None
+) -> Target:
+    """The chart's WaltzCluster (cluster.name ``name``) on the release's own ZooKeeper;
+    its clients use ``tls_secret``, by default the client certificate the operator
+    issues (the chart's default, cluster.tls.mode operator)."""
+    secret = f"{name}-client-tls" if tls_secret is None else tls_secret
+    return Target(namespace, name, zookeeper_of(release, namespace), secret)
 
 
 # --- clients ----------------------------------------------------------------------------
@@ -77,7 +85,7 @@ def start_check(
         image,
         ["waltz", "check", "--transactions", str(transactions), "--timeout", f"{timeout:g}"],
         target.env(),
-        tls_secret,
+        tls_secret or target.tls_secret,
         avoid_node,
     )
 
@@ -142,7 +150,7 @@ def log_digest(
         CLIENT_IMAGE,
         ["python", "-c", _DIGEST, json.dumps(stops)],
         target.env(),
-        tls_secret,
+        tls_secret or target.tls_secret,
     )
     ok, log = kube.job_result(target.namespace, job, timeout=900)
     lines = [line for line in log.splitlines() if line.startswith("DIGEST ")]
@@ -317,7 +325,7 @@ def own_cluster(
     )
     try:
         kube.wait_ready(namespace, name, timeout)
-        yield Target(namespace, name, zookeeper)
+        yield Target(namespace, name, zookeeper, f"{name}-client-tls")  # the operator's CA
     finally:
         print(
             kube(

@@ -140,7 +140,8 @@ class Kube:
     ) -> None:
         """Start a Job (restartPolicy Never, no retries); ``tls_secret``: a client
         certificate mounted as the waltz client's WALTZ_TLS_* files; ``avoid_node``: a
-        node its pod must not run on (one about to be drained)."""
+        node its pod must not run on (one about to be drained). Its pod is labelled as a
+        client of the bundled ZooKeeper, which the chart's NetworkPolicy lets in."""
         self("delete", "job", name, "-n", namespace, "--ignore-not-found", "--wait")
         volumes, mounts = [], []
         if tls_secret:
@@ -174,7 +175,13 @@ class Kube:
                 "apiVersion": "batch/v1",
                 "kind": "Job",
                 "metadata": {"name": name, "namespace": namespace},
-                "spec": {"backoffLimit": 0, "template": {"spec": pod}},
+                "spec": {
+                    "backoffLimit": 0,
+                    "template": {
+                        "metadata": {"labels": {"waltz.io/client": "true"}},
+                        "spec": pod,
+                    },
+                },
             }
         )
 

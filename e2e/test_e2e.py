@@ -76,7 +76,7 @@ NAME = "waltz"
 SESSION = release_target("waltz", NS)
 ZOOKEEPER = SESSION.zookeeper
 LEASE = "waltz-waltz-operator"
-SECURE = release_target("secure", "secure")
+SECURE = release_target("secure", "secure", tls_secret=f"{NAME}-check-tls")  # cert-manager
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -171,11 +171,16 @@ def test_spark_reads_the_log_and_counts_what_the_client_wrote(waltz):
         "import asyncio\n"
         "spark = SparkSession.builder.master('local[2]').getOrCreate()\n"
         "spark.dataSource.register(WaltzDataSource)\n"
+        "from waltz_client.tls import TlsFiles\n"
+        "d = '/etc/waltz/tls/'\n"
+        "tls = TlsFiles(d + 'tls.crt', d + 'tls.key', d + 'ca.crt')\n"
         f"df = spark.read.format('waltz').option('zookeeper', '{ZOOKEEPER}')"
-        f".option('zkRoot', '{SESSION.root}').load()\n"
+        f".option('zkRoot', '{SESSION.root}')"
+        ".option('tlsCert', tls.cert).option('tlsKey', tls.key).option('tlsCa', tls.ca).load()\n"
         "count = df.count()\n"
         "async def marks():\n"
-        f"    config = WaltzClientConfig('{ZOOKEEPER}', zk_root='{SESSION.root}', feed=False)\n"
+        f"    config = WaltzClientConfig('{ZOOKEEPER}', zk_root='{SESSION.root}', feed=False,\n"
+        "                               tls=tls)\n"
         "    async with WaltzClient(config) as c:\n"
         "        return sum([await c.high_water_mark(p) + 1 for p in range(c.num_partitions)])\n"
         "expected = asyncio.run(marks())\n"
@@ -188,6 +193,7 @@ def test_spark_reads_the_log_and_counts_what_the_client_wrote(waltz):
         f"{REPOSITORY}/waltz-spark:{TAG}",
         ["python3", "-c", script],
         {"HOME": "/tmp"},
+        SESSION.tls_secret,  # the session's cluster runs on the operator's CA
     )
     ok, log = waltz.job_result(NS, "spark-count", timeout=1200)
     assert ok, log
@@ -634,7 +640,9 @@ def test_upgrading_from_the_previous_chart_keeps_the_data_and_the_new_operator_l
 ):
     kube = kind_cluster
     release = namespace = "upgrade"
-    target = release_target(release, namespace)
+    # Made plain by the previous chart, it stays plain (a running cluster's TLS mode is
+    # fixed; the chart keeps the mode of a cluster made before the field).
+    target = release_target(release, namespace, tls_secret="")
     values = (
         "--set",
         "cluster.enabled=true",

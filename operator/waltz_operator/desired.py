@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from .spec import (
+    DISABLED,
+    OPERATOR,
+    SECRETS,
     SERVER_HTTP_PORT,
     SERVER_PORT,
     STORAGE_HTTP_PORT,
@@ -32,6 +35,10 @@ RUN_AS = 10001
 DATA = "/var/lib/waltz/storage"
 
 CONFIG_HASH = "waltz.io/config-hash"
+# On the workloads: the spec.tls.mode their pods run with (reconcile.py refuses a switch).
+TLS_MODE = "waltz.io/tls-mode"
+# On the pods: the scheme of their HTTP port, for Prometheus' relabelling (http or https).
+METRICS_SCHEME = "waltz.io/metrics-scheme"
 
 Manifest = dict[str, Any]
 
@@ -120,9 +127,12 @@ CONTAINER_SECURITY = {
 }
 
 
-def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
+def _probe(path: str, port: int, period: int, failures: int, https: bool) -> dict[str, Any]:
+    get: dict[str, Any] = {"path": path, "port": port}
+    if https:  # the kubelet does not verify the certificate; it reaches the pod's own port
+        get["scheme"] = "HTTPS"
     return {
-        "httpGet": {"path": path, "port": port},
+        "httpGet": get,
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,
@@ -225,6 +235,38 @@ def _secret_volume(
     )
 
 
+def allowed_storage_peers(spec: ClusterSpec) -> str:
+    """Who storage nodes let in: the operator's CA issues exactly two identities that dial
+    storage, the servers' and the admin tools' (pki.py); Secrets of your own, the spec's
+    patterns."""
+    if spec.tls.mode == OPERATOR:
+        return "waltz-server,waltz-admin"
+    return spec.tls.allowed_server_identities
+
+
+def running_tls_mode(workload: Mapping[str, Any] | None) -> str | None:
+    """The spec.tls.mode a live StatefulSet's pods were made with (None: no workload). One
+    made before the annotation existed says it by its volumes: Secrets, or none."""
+    if workload is None:
+        return None
+    annotations = (workload.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(TLS_MODE):
+        return str(annotations[TLS_MODE])
+    volumes = ((workload.get("spec") or {}).get("template") or {}).get("spec", {}).get("volumes")
+    return SECRETS if any(v.get("name") == "tls" for v in volumes or []) else DISABLED
+
+
+def _workload_metadata(spec: ClusterSpec, name: str, component: str) -> dict[str, Any]:
+    meta = _metadata(spec, name, component)
+    meta["annotations"] = {TLS_MODE: spec.tls.mode}
+    return meta
+
+
+def _template_annotations(spec: ClusterSpec, annotations: dict[str, str]) -> dict[str, str]:
+    """Only HTTPS is marked: a plain cluster's pod template stays as it was (no roll)."""
+    return {**annotations, METRICS_SCHEME: "https"} if spec.https_metrics else annotations
+
+
 def _secrets(spec: ClusterSpec, component: str) -> tuple[dict[str, str], list, list]:
     """The settings, volumes and mounts that give a tier its certificates and credential."""
     env: dict[str, str] = {}
@@ -240,20 +282,22 @@ def _secrets(spec: ClusterSpec, component: str) -> tuple[dict[str, str], list, l
     tls = spec.tls
     if tls.enabled:
         if component == "storage":
-            mount("tls", tls.storage_secret, TLS_DIR)
+            mount("tls", spec.storage_tls_secret, TLS_DIR)
             env.update(_tls_paths(f"{prefix}TLS_", TLS_DIR))
-            env[f"{prefix}TLS_ALLOWED_PEERS"] = tls.allowed_server_identities
+            env[f"{prefix}TLS_ALLOWED_PEERS"] = allowed_storage_peers(spec)
         else:
-            mount("tls", tls.server_secret, TLS_DIR)
+            mount("tls", spec.server_tls_secret, TLS_DIR)
             env.update(_tls_paths(f"{prefix}TLS_", TLS_DIR))
             env[f"{prefix}TLS_VERIFY_PEER"] = "true" if tls.require_client_certificates else "false"
             env.update(_tls_paths(f"{prefix}STORAGE_TLS_", TLS_DIR))
+    if spec.https_metrics:
+        env[f"{prefix}HTTP_TLS"] = "true"
     if spec.zk_tls_secret:
         mount("zk-tls", spec.zk_tls_secret, ZK_TLS_DIR)
         env.update(_tls_paths(f"{prefix}ZK_TLS_", ZK_TLS_DIR))
-    if spec.zk_auth_secret and component == "server":  # storage nodes only read
+    if spec.zk_credential_secret and component == "server":  # storage nodes only read
         items = [{"key": ZK_AUTH_KEY, "path": ZK_AUTH_KEY}]
-        mount("zk-auth", spec.zk_auth_secret, ZK_AUTH_DIR, items)
+        mount("zk-auth", spec.zk_credential_secret, ZK_AUTH_DIR, items)
         env[f"{prefix}ZK_AUTH_FILE"] = f"{ZK_AUTH_DIR}/{ZK_AUTH_KEY}"
     return env, volumes, mounts
 
@@ -331,9 +375,9 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
             {"name": "http", "containerPort": STORAGE_HTTP_PORT},
         ],
         # Opening checks every record: give a large log time before liveness counts.
-        "startupProbe": _probe("/healthz", STORAGE_HTTP_PORT, 5, 360),
-        "readinessProbe": _probe("/readyz", STORAGE_HTTP_PORT, 5, 3),
-        "livenessProbe": _probe("/healthz", STORAGE_HTTP_PORT, 10, 6),
+        "startupProbe": _probe("/healthz", STORAGE_HTTP_PORT, 5, 360, spec.https_metrics),
+        "readinessProbe": _probe("/readyz", STORAGE_HTTP_PORT, 5, 3, spec.https_metrics),
+        "livenessProbe": _probe("/healthz", STORAGE_HTTP_PORT, 10, 6, spec.https_metrics),
         "resources": dict(tier.resources) or DEFAULT_RESOURCES["storage"],
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [
@@ -355,7 +399,7 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
     statefulset = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _metadata(spec, name, "storage"),
+        "metadata": _workload_metadata(spec, name, "storage"),
         "spec": {
             "serviceName": name,
             "replicas": tier.replicas,
@@ -364,7 +408,10 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": policy, "whenScaled": policy},
             "selector": {"matchLabels": selector(spec, "storage")},
             "template": {
-                "metadata": {"labels": labels(spec, "storage"), "annotations": annotations},
+                "metadata": {
+                    "labels": labels(spec, "storage"),
+                    "annotations": _template_annotations(spec, annotations),
+                },
                 "spec": _pod_spec(
                     spec,
                     tier,
@@ -443,8 +490,8 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
             {"name": "client", "containerPort": SERVER_PORT},
             {"name": "http", "containerPort": SERVER_HTTP_PORT},
         ],
-        "readinessProbe": _probe("/readyz", SERVER_HTTP_PORT, 5, 3),
-        "livenessProbe": _probe("/healthz", SERVER_HTTP_PORT, 10, 6),
+        "readinessProbe": _probe("/readyz", SERVER_HTTP_PORT, 5, 3, spec.https_metrics),
+        "livenessProbe": _probe("/healthz", SERVER_HTTP_PORT, 10, 6, spec.https_metrics),
         "resources": dict(tier.resources) or DEFAULT_RESOURCES["server"],
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *secret_mounts],
@@ -452,7 +499,7 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(spec, name, "server"),
+        "metadata": _workload_metadata(spec, name, "server"),
         "spec": {
             "replicas": tier.replicas,
             # One at a time, never fewer than wanted: partitions move with generations.
@@ -462,7 +509,10 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
             },
             "selector": {"matchLabels": selector(spec, "server")},
             "template": {
-                "metadata": {"labels": labels(spec, "server"), "annotations": annotations},
+                "metadata": {
+                    "labels": labels(spec, "server"),
+                    "annotations": _template_annotations(spec, annotations),
+                },
                 "spec": _pod_spec(
                     spec,
                     tier,
@@ -494,10 +544,11 @@ OPERATOR_PEER = {
 
 
 def network_policy_objects(spec: ClusterSpec) -> list[Manifest]:
-    """Ingress per tier: storage ports from this cluster's servers only; the client port
-    from ``clientsFrom``; the HTTP ports from ``metricsFrom`` and the operator (an empty
-    list: from anywhere). Disabled, the policies allow everything, so that turning them
-    off needs no deletion."""
+    """Ingress per tier: the storage port from this cluster's servers and the operator's
+    pods (admin tools run there, ``kubectl exec``); the client port from ``clientsFrom``;
+    the HTTP ports from ``metricsFrom`` and the operator (an empty list: from anywhere).
+    Disabled, the policies allow everything, so that turning them off needs no
+    deletion."""
     np = spec.network_policy
 
     def policy(component: str, ingress: list[dict[str, Any]]) -> Manifest:
@@ -521,9 +572,9 @@ def network_policy_objects(spec: ClusterSpec) -> list[Manifest]:
     if not np.enabled:
         return [policy("storage", [{}]), policy("server", [{}])]
     metrics = [*np.metrics_from, OPERATOR_PEER] if np.metrics_from else []
-    servers = [{"podSelector": {"matchLabels": selector(spec, "server")}}]
+    dialers = [{"podSelector": {"matchLabels": selector(spec, "server")}}, OPERATOR_PEER]
     return [
-        policy("storage", [port(STORAGE_PORT, servers), port(STORAGE_HTTP_PORT, metrics)]),
+        policy("storage", [port(STORAGE_PORT, dialers), port(STORAGE_HTTP_PORT, metrics)]),
         policy(
             "server", [port(SERVER_PORT, list(np.clients_from)), port(SERVER_HTTP_PORT, metrics)]
         ),

@@ -104,6 +104,9 @@ OWNED_RESOURCES = (
     ("", "v1", "configmaps"),
     ("policy", "v1", "poddisruptionbudgets"),
     ("networking.k8s.io", "v1", "networkpolicies"),
+    # The CA, certificates and ZooKeeper credential it keeps (spec.tls.mode operator):
+    # their expiry is checked every reconcile without reading them again.
+    ("", "v1", "secrets"),
 )
 
 

@@ -33,7 +33,9 @@ RESOURCES = {
     "PersistentVolumeClaim": ("api/v1", "persistentvolumeclaims"),
     "Event": ("api/v1", "events"),
     "Node": ("api/v1", "nodes"),  # read only: their zone labels
-    "Secret": ("api/v1", "secrets"),  # read only: spec.zookeeper's authSecret, tlsSecret
+    # spec.zookeeper's authSecret and tlsSecret, read; the CA, certificates and ZooKeeper
+    # credential the operator keeps (spec.tls.mode operator), written.
+    "Secret": ("api/v1", "secrets"),
     "StatefulSet": ("apis/apps/v1", "statefulsets"),
     "Deployment": ("apis/apps/v1", "deployments"),
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),

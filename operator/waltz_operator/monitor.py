@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,18 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class HttpsScrape:
+    """The daemons' HTTP ports serve HTTPS (spec.tls.mode operator): checked against the
+    cluster's CA; a server for the name it publishes (its pod IP is in no certificate), a
+    storage node for the host name its URL dials."""
+
+    ca_pem: bytes
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cadata=self.ca_pem.decode())
+
+
+@dataclass(frozen=True)
 class MonitorSettings:
     scrape_interval: float = 10.0
     scrape_timeout: float = 5.0
@@ -54,10 +67,13 @@ class ClusterMonitor:
         settings: MonitorSettings = MonitorSettings(),
         on_view: Callable[[ClusterView | None], None] = lambda view: None,
         access: ZkAccess | None = None,
+        https: HttpsScrape | None = None,
     ) -> None:
         self.connect_string = connect_string
         self.access = access or ZkAccess()  # the credential and certificate to reach ZooKeeper with
         self.root = root
+        self.https = https
+        self._ssl: ssl.SSLContext | bool = https.context() if https is not None else True
         self.paths = ClusterPaths.of(root)
         self._storage_http = storage_http
         self.settings = settings
@@ -217,14 +233,20 @@ class ClusterMonitor:
             self._loop.call_soon_threadsafe(self._changed.set)
 
     async def _scrape(self, http: aiohttp.ClientSession, state: ClusterState) -> ClusterView:
+        scheme = "https" if self.https is not None else "http"
         servers = {
-            s: f"http://{_url_host(r.host)}:{r.http_port}/metrics" for s, r in state.servers.items()
+            s: (f"{scheme}://{_url_host(r.host)}:{r.http_port}/metrics", r.verified_name)
+            for s, r in state.servers.items()
         }
         storage = {a: self._storage_http(a) for a in state.assignment.storages}
 
-        async def server(server_id: str, url: str) -> tuple[str, dict | str]:
+        async def server(server_id: str, target: tuple[str, str]) -> tuple[str, dict | str]:
+            url, name = target
+            tls: dict = {"ssl": self._ssl}
+            if self.https is not None:
+                tls["server_hostname"] = name
             try:
-                async with http.get(url) as response:
+                async with http.get(url, **tls) as response:
                     text = await response.text()
                     if response.status != 200:
                         return server_id, f"{url} answered {response.status}"
@@ -236,7 +258,7 @@ class ClusterMonitor:
             if url is None:
                 return address, False
             try:
-                async with http.get(url) as response:
+                async with http.get(url, ssl=self._ssl) as response:
                     return address, response.status == 200
             except (aiohttp.ClientError, TimeoutError):
                 return address, False

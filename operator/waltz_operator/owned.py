@@ -52,3 +52,14 @@ def needs_apply(
     if live is None or last_applied != digest(desired):
         return True
     return not holds(live, desired)
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether the WaltzCluster with this uid is the object's controller (an object made
+    before the resource had a uid, in tests, counts as its own)."""
+    refs = [
+        r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")
+    ]
+    if not refs:
+        return not uid
+    return any(r.get("kind") == "WaltzCluster" and r.get("uid") == uid for r in refs)

@@ -9,6 +9,8 @@ takes the next. The same world twice gives the same step, so a replayed event is
 harmless.
 
 Order of a reconcile (nothing of it while paused, except the status):
+0. settle the TLS mode, and keep the operator's own CA, certificates and ZooKeeper
+   credential (security.py);
 1. apply the objects the spec wants, keeping the storage StatefulSet at its current size
    while a scale-down moves replicas away;
 2. CreateCluster (or adopt it) once ZooKeeper answers;
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import logging
 import os
 import tempfile
@@ -44,9 +47,9 @@ from .desired import desired_objects, selector
 from .events import Event
 from .kube import ApiError, KubeApi
 from .metrics import OperatorMetrics
-from .monitor import ClusterMonitor, MonitorSettings
+from .monitor import ClusterMonitor, HttpsScrape, MonitorSettings
 from .observe import ClusterView
-from .owned import Key, digest, key_of, needs_apply
+from .owned import Key, controlled_by, digest, key_of, needs_apply
 from .rollout import (
     Assign,
     Done,
@@ -60,7 +63,14 @@ from .rollout import (
     next_rebalance_step,
     next_scale_down_step,
 )
-from .spec import STORAGE_HTTP_PORT, ClusterSpec, SpecError, parse
+from .security import (
+    ModeRefused,
+    ensure_certificates,
+    ensure_zk_credential,
+    published_ca,
+    settle_mode,
+)
+from .spec import OPERATOR, STORAGE_HTTP_PORT, ClusterSpec, SpecError, parse
 from .status import Observed, compute_status, failure_status
 from .teardown import own_claims, own_pods, tear_down
 from .volumes import (
@@ -106,21 +116,15 @@ def _ordinal(pod: Mapping[str, Any]) -> int:
     return int(pod["metadata"]["name"].rsplit("-", 1)[1])
 
 
-def default_storage_http(address: str) -> str:
+def default_storage_http(address: str, scheme: str = "http") -> str:
     """A storage node's readiness URL: its pod's stable name, the HTTP port."""
     host = address.rsplit(":", 1)[0]
-    return f"http://{host}:{STORAGE_HTTP_PORT}/readyz"
+    return f"{scheme}://{host}:{STORAGE_HTTP_PORT}/readyz"
 
 
 def _controlled_by(obj: Mapping[str, Any], spec: ClusterSpec) -> bool:
-    """Whether this WaltzCluster is the object's controller (an object made before the
-    resource had a uid, in tests, counts as ours)."""
-    refs = [
-        r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")
-    ]
-    if not refs:
-        return not spec.uid
-    return any(r.get("kind") == "WaltzCluster" and r.get("uid") == spec.uid for r in refs)
+    """Whether this WaltzCluster is the object's controller."""
+    return controlled_by(obj, spec.uid)
 
 
 def _keep_claim_template(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,16 +194,17 @@ class Reconciler:
 
     # --- shared resources --------------------------------------------------------------
 
-    def monitor(self, spec: ClusterSpec) -> ClusterMonitor:
+    def monitor(self, spec: ClusterSpec, https: HttpsScrape | None = None) -> ClusterMonitor:
         key = cluster_name(spec)
         figures = self.metrics.figures(key)
         monitor = self.monitors.get(key)
         access = self._accesses.get(key, ZkAccess())
-        if monitor is not None and (monitor.connect_string, monitor.root, monitor.access) != (
-            spec.zookeeper,
-            spec.zk_root,
-            access,
-        ):
+        if monitor is not None and (
+            monitor.connect_string,
+            monitor.root,
+            monitor.access,
+            monitor.https,
+        ) != (spec.zookeeper, spec.zk_root, access, https):
             asyncio.get_running_loop().create_task(monitor.close())
             monitor = None
         if monitor is None:
@@ -209,20 +214,32 @@ class Reconciler:
                 m = self.monitors.get(m_key)
                 figures.zookeeper_reachable = m is not None and m.zookeeper_error is None
 
+            storage_http = self.settings.storage_http
+            if https is not None and storage_http is default_storage_http:
+                storage_http = functools.partial(default_storage_http, scheme="https")
             monitor = ClusterMonitor(
                 spec.zookeeper,
                 spec.zk_root,
-                self.settings.storage_http,
+                storage_http,
                 self.settings.monitor,
                 on_view,
                 access,
+                https,
             )
             self.monitors[key] = monitor
         return monitor
 
-    async def _resolve_access(self, spec: ClusterSpec) -> ZkAccess:
-        """Read the Secrets the spec names for ZooKeeper (SecretProblem if unusable)."""
-        access = await zk_access(spec, self._get_secret, self.settings.secret_dir)
+    async def _resolve_access(
+        self, spec: ClusterSpec, live: Mapping[Key, Mapping[str, Any]] | None = None
+    ) -> ZkAccess:
+        """Read the Secrets the spec names for ZooKeeper (SecretProblem if unusable); the
+        credential the operator made is watched: no read for it."""
+
+        async def get_secret(namespace: str, name: str) -> Mapping[str, Any] | None:
+            found = (live or {}).get(("Secret", namespace, name))
+            return found if found is not None else await self._get_secret(namespace, name)
+
+        access = await zk_access(spec, get_secret, self.settings.secret_dir)
         self._accesses[cluster_name(spec)] = access
         return access
 
@@ -311,21 +328,23 @@ class Reconciler:
             return self._stopped(body, "InvalidSpec", str(e))
         paused = is_paused(body, spec)
         spec = replace(spec, paused=paused, address_book=self.settings.address_book)
+        ns = spec.namespace
+        statefulset = await self.kube.get("StatefulSet", ns, spec.storage_service)
         try:
-            await self._resolve_access(spec)
+            spec, events, mode_problem, https = await self._secure(spec, statefulset, live)
+            await self._resolve_access(spec, live)
+        except ModeRefused as e:
+            return self._stopped(body, "TlsModeRefused", str(e))
         except SecretProblem as e:  # it may appear later (cert-manager): look again soon
             return self._stopped(body, "SecretUnusable", str(e))
-        monitor = self.monitor(spec)
+        monitor = self.monitor(spec, https)
         if monitor.rounds == 0:
             await monitor.next_view()
-        events: list[Event] = []
-        degraded: list[str] = []
+        degraded: list[str] = [mode_problem] if mode_problem else []
         progress: str | None = None
         create_error: str | None = None
         cluster_key: str | None = None
 
-        ns = spec.namespace
-        statefulset = await self.kube.get("StatefulSet", ns, spec.storage_service)
         current = await self._current_storage_size(spec, statefulset)
         view = monitor.view
 
@@ -440,6 +459,44 @@ class Reconciler:
         )
         self.statuses[key] = status
         return Outcome(status, events, busy=progress is not None, status_changed=status != previous)
+
+    async def _secure(
+        self,
+        spec: ClusterSpec,
+        statefulset: Mapping[str, Any] | None,
+        live: Mapping[Key, Mapping[str, Any]] | None,
+    ) -> tuple[ClusterSpec, list[Event], str | None, HttpsScrape | None]:
+        """Before anything is applied: the TLS mode (written into the spec when it was not
+        given), the operator's CA and certificates, its ZooKeeper credential. The spec to
+        apply, the Events, a refused mode switch, and how to check the daemons' HTTPS."""
+        decision = settle_mode(spec, statefulset)
+        spec, events = decision.spec, []
+        if decision.record is not None and not spec.paused:
+            await self.kube.patch(
+                "WaltzCluster",
+                spec.namespace,
+                spec.name,
+                {"spec": {"tls": {"mode": decision.record}}},
+            )
+            events.append(Event("Normal", "TlsModeRecorded", f"spec.tls.mode is {decision.record}"))
+        https = None
+        if spec.tls.mode == OPERATOR:
+            if spec.paused:
+                ca = await published_ca(self.kube, spec, live)
+            else:
+                issued, ca = await ensure_certificates(self.kube, spec, live, self.clock())
+                events += issued
+            https = HttpsScrape(ca) if ca else None
+        if spec.zk_credential_generated and not spec.paused:
+            events += await ensure_zk_credential(
+                self.kube,
+                spec,
+                live,
+                self._get_secret,
+                self.settings.secret_dir,
+                self.settings.zk_timeout,
+            )
+        return spec, events, decision.problem, https
 
     async def _current_storage_size(
         self, spec: ClusterSpec, statefulset: Mapping[str, Any] | None

@@ -47,23 +47,34 @@ class ImageSpec:
         return f"{self.repository}/waltz-{component}:{self.tag}"
 
 
+# spec.tls.mode: who provides the certificates.
+OPERATOR = "operator"  # the operator's own CA issues and renews them (the default)
+SECRETS = "secrets"  # kubernetes.io/tls Secrets the spec names (cert-manager's, or yours)
+DISABLED = "disabled"  # plain text, only when asked
+TLS_MODES = (OPERATOR, SECRETS, DISABLED)
+
+
 @dataclass(frozen=True)
 class TlsSpec:
-    """Mutual TLS from Secrets of type kubernetes.io/tls with ``ca.crt`` (cert-manager's)."""
+    """Mutual TLS: from the operator's CA, from Secrets of type kubernetes.io/tls with
+    ``ca.crt`` (cert-manager's), or off."""
 
-    storage_secret: str = ""  # storage pods serve it; servers check their DNS names
-    server_secret: str = ""  # server pods serve clients with it and present it to storage
+    mode: str = OPERATOR
+    storage_secret: str = ""  # secrets: storage pods serve it; servers check its names
+    server_secret: str = ""  # secrets: servers serve clients with it, present it to storage
     allowed_server_identities: str = "waltz-server*"  # storage's tls_allowed_peers
     require_client_certificates: bool = True  # the server's tls_verify_peer
+    # Whether spec.tls.mode was written (else it is read from the running cluster).
+    mode_given: bool = True
 
     @property
     def enabled(self) -> bool:
-        return bool(self.storage_secret)
+        return self.mode != DISABLED
 
 
 @dataclass(frozen=True)
 class NetworkPolicySpec:
-    enabled: bool = False
+    enabled: bool = True
     clients_from: tuple[Mapping[str, Any], ...] = ()  # NetworkPolicyPeers; empty: anyone
     metrics_from: tuple[Mapping[str, Any], ...] = ()
 
@@ -93,6 +104,39 @@ class ClusterSpec:
     @property
     def storage_service(self) -> str:
         return f"{self.name}-storage"
+
+    # --- certificates and the ZooKeeper credential, by mode ---------------------------
+
+    @property
+    def storage_tls_secret(self) -> str:
+        """The storage pods' kubernetes.io/tls Secret ("": no TLS)."""
+        if self.tls.mode == OPERATOR:
+            return f"{self.name}-storage-tls"
+        return self.tls.storage_secret if self.tls.mode == SECRETS else ""
+
+    @property
+    def server_tls_secret(self) -> str:
+        if self.tls.mode == OPERATOR:
+            return f"{self.name}-server-tls"
+        return self.tls.server_secret if self.tls.mode == SECRETS else ""
+
+    @property
+    def zk_credential_generated(self) -> bool:
+        """The operator makes the ZooKeeper credential: its own CA's mode, none given."""
+        return self.tls.mode == OPERATOR and not self.zk_auth_secret
+
+    @property
+    def zk_credential_secret(self) -> str:
+        """The Secret holding the ZooKeeper credential ("": none, an open ACL)."""
+        if self.zk_credential_generated:
+            return f"{self.name}-zookeeper-credential"
+        return self.zk_auth_secret
+
+    @property
+    def https_metrics(self) -> bool:
+        """The HTTP ports serve HTTPS with the pod's certificate: under the operator's CA,
+        whose certificate the operator holds to check them."""
+        return self.tls.mode == OPERATOR
 
     def storage_pod(self, index: int) -> str:
         return f"{self.name}-storage-{index}"
@@ -149,20 +193,32 @@ def _tier(doc: Mapping[str, Any], where: str, default_replicas: int) -> TierSpec
 def _tls(doc: Any) -> TlsSpec:
     if not isinstance(doc, Mapping):
         raise SpecError("spec.tls must be an object")
-    tls = TlsSpec(
-        storage_secret=_get(doc, "storageSecret", str, "", "spec.tls"),
-        server_secret=_get(doc, "serverSecret", str, "", "spec.tls"),
-        allowed_server_identities=_get(
-            doc, "allowedServerIdentities", str, TlsSpec.allowed_server_identities, "spec.tls"
-        ),
-        require_client_certificates=_get(doc, "requireClientCertificates", bool, True, "spec.tls"),
-    )
-    if bool(tls.storage_secret) != bool(tls.server_secret):
+    storage = _get(doc, "storageSecret", str, "", "spec.tls")
+    server = _get(doc, "serverSecret", str, "", "spec.tls")
+    if bool(storage) != bool(server):
         raise SpecError(
             "spec.tls needs both storageSecret and serverSecret (servers and storage nodes "
             "authenticate each other)"
         )
-    return tls
+    # Not given: the Secrets' mode if they are named, else the operator's own CA.
+    mode = _get(doc, "mode", str, SECRETS if storage else OPERATOR, "spec.tls")
+    if mode not in TLS_MODES:
+        raise SpecError(f"spec.tls.mode must be one of {', '.join(TLS_MODES)}, got {mode!r}")
+    if (mode == SECRETS) != bool(storage):
+        raise SpecError(
+            "spec.tls.storageSecret and serverSecret are given with spec.tls.mode secrets, "
+            f"and only then (mode is {mode})"
+        )
+    return TlsSpec(
+        mode=mode,
+        storage_secret=storage,
+        server_secret=server,
+        allowed_server_identities=_get(
+            doc, "allowedServerIdentities", str, TlsSpec.allowed_server_identities, "spec.tls"
+        ),
+        require_client_certificates=_get(doc, "requireClientCertificates", bool, True, "spec.tls"),
+        mode_given="mode" in doc,
+    )
 
 
 def _network_policy(doc: Any) -> NetworkPolicySpec:
@@ -176,7 +232,7 @@ def _network_policy(doc: Any) -> NetworkPolicySpec:
                 raise SpecError(f"spec.networkPolicy.{key}[{i}] must be an object")
         peers[key] = tuple(value)
     return NetworkPolicySpec(
-        enabled=_get(doc, "enabled", bool, False, "spec.networkPolicy"),
+        enabled=_get(doc, "enabled", bool, True, "spec.networkPolicy"),
         clients_from=peers["clientsFrom"],
         metrics_from=peers["metricsFrom"],
     )

@@ -1,11 +1,13 @@
 """Deleting a WaltzCluster: what goes, what stays, and a deletion that never hangs.
 
 With ``retainVolumes: true`` (the default) nothing is deleted here: the owned objects
-are garbage-collected, the volumes and the ZooKeeper metadata stay. Otherwise the
+are garbage-collected, the volumes and the ZooKeeper metadata stay, and so does the
+ZooKeeper credential the operator made (the metadata's ACL names it). Otherwise the
 servers and storage pods go first (a server must not outlive its metadata), then the
-cluster's ZooKeeper subtree, then the volumes. After ``timeout`` seconds it gives up and
-says what may be left behind. Only the cluster's own pods and volumes count (``own_pods``,
-``own_claims``): others in the namespace may carry the same ``instance`` label.
+cluster's ZooKeeper subtree, then the volumes and that credential. After ``timeout``
+seconds it gives up and says what may be left behind. Only the cluster's own pods and
+volumes count (``own_pods``, ``own_claims``): others in the namespace may carry the same
+``instance`` label.
 """
 
 from __future__ import annotations
@@ -127,3 +129,5 @@ async def _delete_everything(
             raise
     for claim in own_claims(spec, await kube.list("PersistentVolumeClaim", ns, instance)):
         await kube.delete("PersistentVolumeClaim", ns, claim["metadata"]["name"])
+    if spec.zk_credential_generated:  # it outlives the resource only with the metadata
+        await kube.delete("Secret", ns, spec.zk_credential_secret)

@@ -1,6 +1,7 @@
 """How the operator itself reaches a cluster's ZooKeeper: with the credential and the
 TLS certificate its spec names (``spec.zookeeper.authSecret`` and ``tlsSecret``), read
-from the Kubernetes API.
+from the Kubernetes API. Under the operator's own CA (``spec.tls.mode: operator``) with
+no ``authSecret``, the credential is one the operator made (``<name>-zookeeper-credential``).
 
 The credential is what CreateCluster writes the metadata's ACL with, and what the
 servers write with; the certificate reaches ZooKeeper's TLS port. kazoo reads TLS
@@ -14,14 +15,19 @@ import base64
 import binascii
 import hashlib
 import os
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
 from waltz_client.cluster.acl import ZkCredential
+from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.tls import TlsFiles
 
-from .desired import ZK_AUTH_KEY
+from .desired import ZK_AUTH_KEY, _metadata
 from .spec import ClusterSpec
 
 TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
@@ -83,22 +89,61 @@ async def zk_access(
     spec: ClusterSpec,
     get_secret: Callable[[str, str], Awaitable[Mapping[str, Any] | None]],
     directory: str,
+    credential: bool = True,
 ) -> ZkAccess:
-    """The operator's way into the cluster's ZooKeeper (nothing special without Secrets)."""
+    """The operator's way into the cluster's ZooKeeper (nothing special without Secrets);
+    without its ``credential`` if asked (to look at the metadata before it exists)."""
 
     async def secret(name: str, field: str) -> tuple[Mapping[str, Any], str]:
-        where = f"Secret {spec.namespace}/{name} (spec.zookeeper.{field})"
+        where = f"Secret {spec.namespace}/{name} ({field})"
         found = await get_secret(spec.namespace, name)
         if found is None:
             raise SecretProblem(f"{where} does not exist")
         return found, where
 
-    credential = None
-    if spec.zk_auth_secret:
-        credential = credential_of(*await secret(spec.zk_auth_secret, "authSecret"))
+    found_credential = None
+    if credential and spec.zk_credential_secret:
+        field = (
+            "the ZooKeeper credential the operator made"
+            if spec.zk_credential_generated
+            else "spec.zookeeper.authSecret"
+        )
+        found_credential = credential_of(*await secret(spec.zk_credential_secret, field))
     tls, digest = None, ""
     if spec.zk_tls_secret:
-        found, where = await secret(spec.zk_tls_secret, "tlsSecret")
+        found, where = await secret(spec.zk_tls_secret, "spec.zookeeper.tlsSecret")
         target = os.path.join(directory, spec.namespace, spec.zk_tls_secret)
         tls, digest = write_tls_files(found, where, target)
-    return ZkAccess(credential, tls, digest)
+    return ZkAccess(found_credential, tls, digest)
+
+
+# --- the credential the operator makes ------------------------------------------------------
+
+GENERATED_USER = "waltz"
+
+
+def generated_credential_secret(spec: ClusterSpec) -> dict[str, Any]:
+    """A new, random ZooKeeper credential for the cluster (``spec.zookeeper.authSecret``
+    not given, TLS from the operator's CA). Not owned by the WaltzCluster: the metadata's
+    ACL names it, and the metadata outlives the resource (``retainVolumes``); a WaltzCluster
+    made again over retained metadata must find the same credential."""
+    password = secrets.token_urlsafe(32)
+    meta = _metadata(replace(spec, uid=""), spec.zk_credential_secret, "zookeeper-credential")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "Opaque",
+        "data": {ZK_AUTH_KEY: base64.b64encode(f"{GENERATED_USER}:{password}".encode()).decode()},
+    }
+
+
+def written_under_a_credential(zk: KazooClient, root: str) -> bool:
+    """Whether the cluster's metadata exists with a digest credential in its ACL (blocking).
+    Then a new credential could not write it: the old one must be found, not replaced."""
+    path = ClusterPaths.of(root).cluster
+    try:
+        acls, _ = zk.get_acls(path)
+    except NoNodeError:
+        return False
+    return any(acl.id.scheme == "digest" for acl in acls)

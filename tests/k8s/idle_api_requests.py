@@ -35,9 +35,12 @@ from waltz_client.local.zookeeper import EmbeddedZooKeeper
 from waltz_operator import handlers
 
 
-async def measure(zookeeper: EmbeddedZooKeeper, seconds: float, interval: float) -> dict:
+async def measure(
+    zookeeper: EmbeddedZooKeeper, seconds: float, interval: float, tls_mode: str
+) -> dict:
     async with kubernetes_api() as api:
-        create_cluster_object(api, cluster_doc(zookeeper, f"/idle-{uuid.uuid4().hex}"))
+        doc = cluster_doc(zookeeper, f"/idle-{uuid.uuid4().hex}", tls={"mode": tls_mode})
+        create_cluster_object(api, doc)
         async with running_operator(api, NS, interval=interval):
             await asyncio.sleep(max(5.0, 2 * interval))  # created, settled
             start = len(api.requests)
@@ -55,17 +58,26 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--interval", type=float, default=10.0, help="the reconcile interval")
+    p.add_argument(
+        "--tls-mode",
+        choices=("disabled", "operator"),
+        default="disabled",
+        help="operator: the operator's own CA, certificates and ZooKeeper credential",
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         zookeeper = EmbeddedZooKeeper(directory)
         zookeeper.start()
         try:
-            watched = asyncio.run(measure(zookeeper, args.seconds, args.interval))
+            watched = asyncio.run(measure(zookeeper, args.seconds, args.interval, args.tls_mode))
             handlers.OWNED_RESOURCES = ()  # no indexes: every object applied every time
-            applied = asyncio.run(measure(zookeeper, args.seconds, args.interval))
+            applied = asyncio.run(measure(zookeeper, args.seconds, args.interval, args.tls_mode))
         finally:
             zookeeper.stop()
-    print(f"requests per minute, one idle cluster, reconcile every {args.interval:g} s:")
+    print(
+        f"requests per minute, one idle cluster (tls.mode {args.tls_mode}), reconcile every "
+        f"{args.interval:g} s:"
+    )
     for label, figures in (("every object applied", applied), ("owned objects watched", watched)):
         total = sum(figures.values())
         print(f"  {label:24} {total:6.1f}  " + "  ".join(f"{v} {n}" for v, n in figures.items()))

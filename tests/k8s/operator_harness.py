@@ -163,7 +163,10 @@ def condition(body: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 
 
 def cluster_doc(zookeeper, zk_root: str, **spec: Any) -> dict[str, Any]:
-    """A WaltzCluster ``prod/demo`` on the test's ZooKeeper root."""
+    """A WaltzCluster ``prod/demo`` on the test's ZooKeeper root. In plain text unless
+    ``tls`` says otherwise: the kubelet here runs the daemons on 127.0.0.1, where no
+    certificate's cluster DNS names resolve (test_operator_pki.py covers the default,
+    the operator's own CA)."""
     return {
         "apiVersion": "waltz.io/v1alpha1",
         "kind": "WaltzCluster",
@@ -172,6 +175,7 @@ def cluster_doc(zookeeper, zk_root: str, **spec: Any) -> dict[str, Any]:
             "partitions": 4,
             "replicasPerPartition": 3,
             "zookeeper": {"connect": zookeeper.connect_string, "root": zk_root},
+            "tls": {"mode": "disabled"},
             **spec,
         },
     }

@@ -252,8 +252,18 @@ def _all_rules(schema: dict = SCHEMA, path: str = "") -> list[tuple[str, str]]:
             "spec.tls",
             "needs both storageSecret and serverSecret",
         ),
+        (
+            lambda s: s.update(tls={"mode": "secrets"}),
+            "spec.tls.mode",
+            "given with tls.mode secrets, and only then",
+        ),
+        (
+            lambda s: s.update(tls={"mode": "operator", "storageSecret": "a", "serverSecret": "b"}),
+            "spec.tls.mode",
+            "given with tls.mode secrets, and only then",
+        ),
     ],
-    ids=["even-replicas", "too-few-storage-nodes", "half-tls"],
+    ids=["even-replicas", "too-few-storage-nodes", "half-tls", "secrets-none", "operator-secrets"],
 )
 def test_cel_rules_refuse_a_bad_resource(change, field, words):
     resource = _minimal()
@@ -434,6 +444,25 @@ REFUSED_UPDATES = {
         "spec.storage.size",
         "storage.size can never decrease",
     ),
+    # A running cluster cannot switch how its pods authenticate each other.
+    "tls-operator-to-disabled": (
+        lambda s: s.update(tls={"mode": "operator"}),
+        lambda s: s.update(tls={"mode": "disabled"}),
+        "spec.tls.mode",
+        "tls.mode cannot change once set",
+    ),
+    "tls-disabled-to-operator": (
+        lambda s: s.update(tls={"mode": "disabled"}),
+        lambda s: s.update(tls={"mode": "operator"}),
+        "spec.tls.mode",
+        "tls.mode cannot change once set",
+    ),
+    "tls-mode-removed": (
+        lambda s: s.update(tls={"mode": "disabled"}),
+        lambda s: s["tls"].pop("mode"),
+        "spec.tls.mode",
+        "tls.mode cannot change once set",
+    ),
 }
 
 
@@ -473,6 +502,8 @@ ALLOWED_UPDATES = {
     ),
     "paused": lambda s: s.update(paused=True),
     "zookeeper-credential": lambda s: s["zookeeper"].update(authSecret="zk-auth"),
+    # Written once where it was not (the operator records the mode it runs with).
+    "tls-mode-recorded": lambda s: s.update(tls={"mode": "disabled"}),
 }
 
 
@@ -503,6 +534,7 @@ def test_every_rule_is_exercised_by_a_refusal():
         lambda s: s.update(replicasPerPartition=2),
         lambda s: s.update(replicasPerPartition=5, storage={"replicas": 3}),
         lambda s: s.update(tls={"storageSecret": "storage-tls"}),
+        lambda s: s.update(tls={"mode": "secrets"}),
     ):
         resource = _minimal()
         change(resource["spec"])

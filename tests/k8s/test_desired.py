@@ -42,6 +42,7 @@ SPECS = {
     "one-replica": resource(replicasPerPartition=1, storage={"replicas": 1}),
     "five-replicas": resource(replicasPerPartition=5, storage={"replicas": 7}),
     "drop-volumes": resource(retainVolumes=False, image={"pullSecrets": ["a", "b"]}),
+    "plain": resource(tls={"mode": "disabled"}, networkPolicy={"enabled": False}),
     "network-policy": resource(
         networkPolicy={
             "enabled": True,
@@ -301,7 +302,7 @@ def test_tls_and_zookeeper_secrets_reach_the_daemons_as_files_they_load(tmp_path
 
 
 def test_without_tls_no_secret_is_mounted():
-    objects = by_kind(desired_objects(parse(SPECS["production"])))
+    objects = by_kind(desired_objects(parse(SPECS["plain"])))
     for kind in ("StatefulSet", "Deployment"):
         pod = objects[kind][0]["spec"]["template"]["spec"]
         assert not [v for v in pod["volumes"] if "secret" in v]
@@ -317,11 +318,12 @@ def test_network_policies_allow_only_the_links_each_tier_needs():
     assert storage["policyTypes"] == ["Ingress"]
     by_port = {r["ports"][0]["port"]: r.get("from") for r in storage["ingress"]}
     servers = {"podSelector": {"matchLabels": selector_labels("server")}}
-    assert by_port[55280] == [servers]  # the storage protocol: this cluster's servers only
     operator = {
         "namespaceSelector": {},
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "waltz-operator"}},
     }
+    # The storage protocol: this cluster's servers, and the operator's pods only.
+    assert by_port[55280] == [servers, operator]
     monitoring = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
     assert by_port[55281] == [monitoring, operator]
     by_port = {r["ports"][0]["port"]: r.get("from") for r in server["ingress"]}
@@ -331,7 +333,7 @@ def test_network_policies_allow_only_the_links_each_tier_needs():
 
 
 def test_without_network_policy_the_policies_allow_everything():
-    objects = by_kind(desired_objects(parse(SPECS["minimal"])))
+    objects = by_kind(desired_objects(parse(SPECS["plain"])))
     assert [p["spec"]["ingress"] for p in objects["NetworkPolicy"]] == [[{}], [{}]]
 
 

@@ -206,7 +206,9 @@ def test_rbac_grants_only_what_the_operator_uses():
         used.add((group, plural))
     assert used <= set(granted)
     assert set(granted) - used <= GRANTED_BESIDES_THE_CLIENT
-    assert granted[("", "secrets")] == {"get"}  # read by name, never listed
+    # Read by name; those it keeps (its CA, certificates, ZooKeeper credential) written
+    # and watched.
+    assert granted[("", "secrets")] == {"get", "list", "watch", "create", "patch"}
     assert granted[("", "pods")] == {"list", "delete"}
     # Volumes grow by patching the claims; deleted with retainVolumes false.
     assert granted[("", "persistentvolumeclaims")] == {"list", "patch", "delete"}
@@ -314,6 +316,7 @@ def test_the_production_values_reach_the_cluster_resource():
     (cluster,) = kinds["WaltzCluster"]
     spec = cluster["spec"]
     assert spec["tls"] == {
+        "mode": "secrets",
         "storageSecret": "payments-storage-tls",
         "serverSecret": "payments-server-tls",
         "allowedServerIdentities": "waltz-server",
@@ -454,6 +457,14 @@ def test_notes_say_how_to_watch_the_cluster_and_connect_a_client(tmp_path):
             "cluster.tls needs both storageSecret and serverSecret",
         ),
         (
+            [
+                "--set",
+                "cluster.enabled=true,cluster.tls.mode=disabled,cluster.certManager.enabled=true",
+            ],
+            "cluster.tls.mode is disabled, but TLS Secrets are given",
+        ),
+        (["--set", "cluster.tls.mode=plain"], "cluster.tls.mode: cluster.tls.mode must be one of"),
+        (
             ["--set", "serviceAccount.create=false"],
             "serviceAccount.name: String length must be greater than or equal to 1",
         ),
@@ -511,25 +522,104 @@ def test_the_values_schema_covers_every_value():
 
 
 def test_network_policies_cover_the_operator_zookeeper_and_the_cluster():
-    kinds = by_kind(render("--values", str(CHART / "ci" / "cluster-values.yaml")))
+    """On by default: ZooKeeper's clients only from waltz's own pods and labelled
+    applications, metrics only from Prometheus' namespace, the client port from pods."""
+    kinds = by_kind(render("--set", "cluster.enabled=true"))
     policies = {p["metadata"]["name"]: p["spec"] for p in kinds["NetworkPolicy"]}
     zookeeper = policies["rel-zookeeper"]
-    assert zookeeper["ingress"][0] == {"ports": [{"protocol": "TCP", "port": 2181}]}
+    assert zookeeper["ingress"][0] == {
+        "ports": [{"protocol": "TCP", "port": 2181}],
+        "from": [
+            {
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "In",
+                            "values": ["waltz"],
+                        }
+                    ]
+                },
+                "podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "waltz"}},
+            },
+            {
+                "namespaceSelector": {},
+                "podSelector": {"matchLabels": {"waltz.io/client": "true"}},
+            },
+        ],
+    }
     assert zookeeper["ingress"][1]["from"][0]["podSelector"]["matchLabels"] == {
         "app.kubernetes.io/name": "zookeeper",
         "app.kubernetes.io/instance": "rel",
     }
+    prometheus = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    }
     assert policies["rel-waltz-operator"]["ingress"] == [
-        {"ports": [{"protocol": "TCP", "port": 8080}]}
+        {"ports": [{"protocol": "TCP", "port": 8080}], "from": [prometheus]}
     ]
     (cluster,) = kinds["WaltzCluster"]
-    assert cluster["spec"]["networkPolicy"] == {"enabled": True}
+    assert cluster["spec"]["networkPolicy"] == {
+        "enabled": True,
+        "clientsFrom": [{"namespaceSelector": {}}],
+        "metricsFrom": [prometheus],
+    }
+    # Every pod the chart and the operator run gets the ZooKeeper it needs: the chart's,
+    # the cluster's (in the watched namespaces), helm test's.
+    own = zookeeper["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    (job,) = hook_jobs(kinds, "test")
+    made = desired_objects(parse({**cluster, "metadata": {**cluster["metadata"], "uid": "u"}}))
+    templates = [o["spec"]["template"] for o in made if o["kind"] in ("StatefulSet", "Deployment")]
+    for template in [
+        *templates,
+        job["spec"]["template"],
+        kinds["Deployment"][0]["spec"]["template"],
+    ]:
+        assert own.items() <= template["metadata"]["labels"].items()
+    # Every namespace watched, or any when cluster-wide.
+    wide = by_kind(render("--set", "cluster.enabled=true,operator.watch.clusterWide=true"))
+    (zk_policy,) = [p for p in wide["NetworkPolicy"] if p["metadata"]["name"] == "rel-zookeeper"]
+    assert zk_policy["spec"]["ingress"][0]["from"][0]["namespaceSelector"] == {}
     production = by_kind(render("--values", str(CHART / "ci" / "production-values.yaml")))
     spec = production["WaltzCluster"][0]["spec"]["networkPolicy"]
     assert spec["clientsFrom"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "payments"}}}
     ]
-    assert "NetworkPolicy" not in by_kind(render())  # off by default
+    # Off: none of the chart's, and the cluster's allow everything.
+    off = by_kind(render("--set", "cluster.enabled=true,networkPolicy.enabled=false"))
+    assert "NetworkPolicy" not in off
+    assert off["WaltzCluster"][0]["spec"]["networkPolicy"] == {"enabled": False}
+
+
+def test_the_default_install_runs_on_the_operators_ca():
+    """Secure by default: the WaltzCluster asks for the operator's own CA, the operator
+    makes mutual TLS, HTTPS metrics and the ZooKeeper credential of it, and helm test
+    uses the client certificate it issues; plain text only when asked."""
+    kinds = by_kind(render("--set", "cluster.enabled=true"))
+    (cluster,) = kinds["WaltzCluster"]
+    assert cluster["spec"]["tls"] == {"mode": "operator"}
+    spec = parse({**cluster, "metadata": {**cluster["metadata"], "uid": "u-1"}})
+    made = by_kind(desired_objects(spec))
+    settings = {m["metadata"]["name"]: m["data"] for m in made["ConfigMap"]}
+    assert settings["waltz-storage-config"]["WALTZ_STORAGE_TLS_CERT"] == "/etc/waltz/tls/tls.crt"
+    assert settings["waltz-storage-config"]["WALTZ_STORAGE_HTTP_TLS"] == "true"
+    assert settings["waltz-server-config"]["WALTZ_SERVER_TLS_VERIFY_PEER"] == "true"
+    assert settings["waltz-server-config"]["WALTZ_SERVER_ZK_AUTH_FILE"] == (
+        "/etc/waltz/zk-auth/credential"
+    )
+    (job,) = hook_jobs(kinds, "test")
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "waltz-client-tls", "defaultMode": 0o440}} in (
+        pod["volumes"]
+    )
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["WALTZ_TLS_CA"] == "/etc/waltz/tls/ca.crt"
+    plain = by_kind(render("--set", "cluster.enabled=true,cluster.tls.mode=disabled"))
+    assert plain["WaltzCluster"][0]["spec"]["tls"] == {"mode": "disabled"}
+    (job,) = hook_jobs(plain, "test")
+    assert "volumes" not in job["spec"]["template"]["spec"] or not [
+        v for v in job["spec"]["template"]["spec"]["volumes"] if "secret" in v
+    ]
 
 
 def test_cert_manager_issues_the_clusters_certificates():

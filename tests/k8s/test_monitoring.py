@@ -248,6 +248,11 @@ POD_MONITOR_SCHEMA = {
                             "interval": {"type": "string", "pattern": DURATION_PATTERN},
                             "relabelings": {"type": "array", "items": RELABEL},
                             "metricRelabelings": {"type": "array", "items": RELABEL},
+                            "tlsConfig": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {"insecureSkipVerify": {"type": "boolean"}},
+                            },
                         },
                     },
                 },
@@ -361,23 +366,38 @@ def relabel(labels: dict[str, str], configs: list[dict]) -> dict[str, str]:
 OPERATOR_TARGET_LABELS = ("namespace", "pod", "container", "endpoint", "job", "instance")
 
 
-def target_labels(monitor: dict, pod: dict, port: str) -> dict[str, str]:
-    """The labels a scraped pod's series get through ``monitor``'s relabelings."""
+def _relabelled(monitor: dict, pod: dict, port: str) -> dict[str, str]:
+    """A scraped pod's target labels after ``monitor``'s relabelings, ``__`` ones too
+    (``__scheme__`` starts as the endpoint's scheme, http unless it says otherwise)."""
+
+    def name(key: str) -> str:
+        return re.sub("[^a-zA-Z0-9_]", "_", key)
+
+    (endpoint,) = [e for e in monitor["spec"]["podMetricsEndpoints"] if e["port"] == port]
     meta = {
+        "__scheme__": endpoint.get("scheme", "http"),
         "__meta_kubernetes_namespace": pod["metadata"]["namespace"],
         "__meta_kubernetes_pod_name": pod["metadata"].get("name", "a-pod-0"),
         **{
-            "__meta_kubernetes_pod_label_" + re.sub("[^a-zA-Z0-9_]", "_", k): v
+            "__meta_kubernetes_pod_label_" + name(k): v
             for k, v in pod["metadata"]["labels"].items()
+        },
+        **{
+            "__meta_kubernetes_pod_annotation_" + name(k): v
+            for k, v in (pod["metadata"].get("annotations") or {}).items()
         },
         **dict.fromkeys(OPERATOR_TARGET_LABELS, "set-by-the-prometheus-operator"),
     }
-    (endpoint,) = [e for e in monitor["spec"]["podMetricsEndpoints"] if e["port"] == port]
-    return {
-        k: v
-        for k, v in relabel(meta, endpoint.get("relabelings", [])).items()
-        if not k.startswith("__")
-    }
+    return relabel(meta, endpoint.get("relabelings", []))
+
+
+def target_labels(monitor: dict, pod: dict, port: str) -> dict[str, str]:
+    """The labels a scraped pod's series get through ``monitor``'s relabelings."""
+    return {k: v for k, v in _relabelled(monitor, pod, port).items() if not k.startswith("__")}
+
+
+def scrape_scheme(monitor: dict, pod: dict, port: str) -> str:
+    return _relabelled(monitor, pod, port)["__scheme__"]
 
 
 def metric_relabelings(monitor: dict) -> list[dict]:
@@ -417,6 +437,12 @@ def check_pod_monitors(rendered: Rendered, namespaces: list[str] | None) -> None
         assert labels["waltz_cluster"] == rendered.kind("WaltzCluster")[0]["metadata"]["name"]
         assert labels["waltz_namespace"] == pod["metadata"]["namespace"]
         assert labels["pod"] == f"{tier}-pod-0"
+        # The chart's cluster is on the operator's CA: its metrics ports serve HTTPS. A
+        # cluster in plain text (no annotation) is scraped over HTTP.
+        assert scrape_scheme(clusters, pod, "http") == "https"
+        assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+        pod["metadata"]["annotations"] = {}
+        assert scrape_scheme(clusters, pod, "http") == "http"
     operator_pod = {**rendered.operator_pod, "metadata": {**rendered.operator_pod["metadata"]}}
     operator_pod["metadata"]["namespace"] = NAMESPACE
     assert matches(operator["spec"]["selector"], operator_pod["metadata"]["labels"])

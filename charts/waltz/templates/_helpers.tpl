@@ -89,7 +89,41 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "waltz.testTlsSecret" -}}
 {{- if .Values.test.tlsSecret -}}{{ .Values.test.tlsSecret }}
 {{- else if .Values.cluster.certManager.enabled -}}{{ printf "%s-check-tls" .Values.cluster.name }}
+{{- else if eq (include "waltz.tlsMode" .) "operator" -}}{{ printf "%s-client-tls" .Values.cluster.name }}
 {{- end -}}
+{{- end -}}
+
+{{/* The WaltzCluster's spec.tls.mode: secrets when Secrets are given or cert-manager
+issues them; else the mode of the cluster if it exists (fixed once set; one made before
+the field runs in plain text); else cluster.tls.mode (operator or disabled). */}}
+{{- define "waltz.tlsMode" -}}
+{{- $existing := (lookup "waltz.io/v1alpha1" "WaltzCluster" .Release.Namespace .Values.cluster.name) | default dict -}}
+{{- $tls := ($existing.spec | default dict).tls | default dict -}}
+{{- if include "waltz.storageTlsSecret" . -}}secrets
+{{- else if $tls.mode -}}{{ $tls.mode }}
+{{- else if $existing -}}disabled
+{{- else -}}{{ .Values.cluster.tls.mode }}
+{{- end -}}
+{{- end -}}
+
+{{/* Waltz's own pods (the operator, the clusters' pods, helm test) in the namespaces
+the operator watches: a NetworkPolicyPeer. */}}
+{{- define "waltz.ownPods" -}}
+{{- if .Values.operator.watch.clusterWide -}}
+namespaceSelector: {}
+{{- else -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: In
+      values:
+        {{- range splitList "," (include "waltz.watchedNamespaces" .) }}
+        - {{ . | quote }}
+        {{- end }}
+{{- end }}
+podSelector:
+  matchLabels:
+    app.kubernetes.io/part-of: waltz
 {{- end -}}
 
 {{/* A WaltzCluster tier's pod fields from its values (those that are set). */}}
