@@ -9,7 +9,8 @@ mark, fail every pending append at the mount answer, unblock), and a feed
 task handles everything the stream brings in order: feed data (applied in
 commit order, never skipping, never repeating), mount and flush answers and
 lock failures, which the transaction monitor turns into outcomes. A failed
-attempt is executed again against a newer high-water mark.
+attempt is executed again against a newer high-water mark. The client's ID comes
+from the first server it mounts at (AllocateClientId), once.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ from .tasks import spawn
 from .tls import TlsContexts, tls_open_connection
 from .transaction import Transaction, TransactionBuilder, TransactionContext
 from .wire.client_messages import (
+    CLIENT_ID_PROTOCOL_VERSION,
     MAX_LOCKS,
+    AllocateClientIdRequest,
     AppendRequest,
+    ClientIdAllocated,
     ClientMessage,
     ErrorCode,
     ErrorResponse,
@@ -111,6 +115,12 @@ class WaltzError(Exception):
 class Forbidden(WaltzError):
     """The cluster's access policy does not let this client's certificate identity do
     that on the partition (the server's FORBIDDEN)."""
+
+
+class Unauthorized(Forbidden):
+    """This client's certificate identity may not have a client ID (its quota is used up:
+    LIMIT_EXCEEDED), or may not act as the one it has (UNAUTHORIZED: it was released
+    after going unused for the server's client_id_retention)."""
 
 
 class MissingTransactions(WaltzError):
@@ -270,6 +280,7 @@ class WaltzClient:
         self._submissions: set[_Submission] = set()
         self._seqs = itertools.count(1)
         self._connection_seqs = itertools.count(1)
+        self._client_id_lock = asyncio.Lock()  # one allocation at a time
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="waltz-callback")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -429,6 +440,7 @@ class WaltzClient:
             endpoint, generation = owner
             try:
                 link = self._link(endpoint)
+                await self._ensure_client_id(link)
                 conn = await link.stream_connection()
                 hwm = await self._client_high_water_mark(state)
                 state.generation, state.link = generation, link
@@ -480,6 +492,36 @@ class WaltzClient:
                 await link.stream.close()
             await self.view.changed(min(1.0, backoff))
             backoff = min(2.0, backoff * 2)
+
+    async def _ensure_client_id(self, link: _ServerLink) -> None:
+        """Before the first Mount: get this client's ID from the server at ``link``."""
+        if self.view.client_id >= 0:
+            return
+        async with self._client_id_lock:
+            if self.view.client_id < 0:
+                self.view.client_id = await self._allocate_client_id(link)
+                log.info("client ID %d (from %s)", self.view.client_id, link.endpoint)
+
+    async def _allocate_client_id(self, link: _ServerLink) -> int:
+        conn = await link.rpc_connection()
+        if conn.protocol_version < CLIENT_ID_PROTOCOL_VERSION:
+            return await self.view.draw_client_id()  # a server older than AllocateClientId
+        q = ReqId(-1, 0, 0, next(self._seqs))
+        future = asyncio.get_running_loop().create_future()
+        link.rpc_waiters[q] = future
+        try:
+            conn.send(AllocateClientIdRequest(q))
+            answer = await asyncio.wait_for(future, self.config.request_timeout)
+        finally:
+            link.rpc_waiters.pop(q, None)
+        if isinstance(answer, ClientIdAllocated):
+            return answer.client_id
+        if isinstance(answer, ErrorResponse):
+            text = f"allocating a client ID: {answer.code.name}: {answer.message}"
+            if answer.code in (ErrorCode.LIMIT_EXCEEDED, ErrorCode.UNAUTHORIZED):
+                raise Unauthorized(text)
+            raise WaltzError(text)
+        raise WaltzError(f"allocating a client ID: unexpected {type(answer).__name__}")
 
     def _stream_closed(self, link: _ServerLink, conn: ServerConnection) -> None:
         for state in self._partitions.values():
@@ -571,7 +613,10 @@ class WaltzClient:
                     if m.code == ErrorCode.TRUNCATED:
                         error = truncated(state.partition_id, state.applied + 1, m)
                     else:
-                        kind = Forbidden if m.code == ErrorCode.FORBIDDEN else WaltzError
+                        kind = {
+                            ErrorCode.FORBIDDEN: Forbidden,
+                            ErrorCode.UNAUTHORIZED: Unauthorized,
+                        }.get(m.code, WaltzError)
                         error = kind(f"mount: {m.code.name}: {m.message}")
                     state.mount_answer.set_exception(error)
             case ErrorResponse(req_id=q) if q in state.monitor:

@@ -37,7 +37,7 @@ class ClusterView:
         self.paths = ClusterPaths.of(root)
         self.session_timeout = session_timeout
         self.params: ClusterParams | None = None
-        self.client_id = -1
+        self.client_id = -1  # given by a server (WaltzClient allocates it on first use)
         self.ownership: dict[int, tuple[str | None, int]] = {}
         self.servers: dict[str, ServerRegistration] = {}
         self._zk: KazooClient | None = None
@@ -47,8 +47,8 @@ class ClusterView:
         self._tasks: set[asyncio.Task] = set()  # loads of the live servers
 
     async def start(self) -> None:
-        """Connect, read the cluster and this client's unique ID, and start watching.
-        Raises ClusterError when ZooKeeper or the cluster is missing."""
+        """Connect, read the cluster, and start watching. Raises ClusterError when
+        ZooKeeper or the cluster is missing."""
         self._loop = asyncio.get_running_loop()
         run = self._loop.run_in_executor
         self._zk = await run(
@@ -62,12 +62,19 @@ class ClusterView:
         )
         try:
             self.params = await run(None, read_params, self._zk, self.paths.root)
-            self.client_id = await run(None, new_client_id, self._zk, self.paths.root)
         except BaseException:
             await self.stop()
             raise
         self._zk.DataWatch(self.paths.ownership, self._ownership_changed)
         self._zk.ChildrenWatch(self.paths.servers, self._servers_changed)
+
+    async def draw_client_id(self) -> int:
+        """A client ID drawn from ZooKeeper's counter by this client itself: only for a
+        server older than AllocateClientId (its cluster lets anyone draw)."""
+        assert self._zk is not None, "not started"
+        return await asyncio.get_running_loop().run_in_executor(
+            None, new_client_id, self._zk, self.paths.root
+        )
 
     async def stop(self) -> None:
         if self._zk is not None:

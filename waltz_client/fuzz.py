@@ -39,6 +39,7 @@ from .tls import TlsFiles, build_context
 from .wire.client_messages import (
     CLIENT_REQUESTS,
     SERVER_PROTOCOL_VERSIONS,
+    AllocateClientIdRequest,
     AppendRequest,
     ClientMessageType,
     FeedRequest,
@@ -259,6 +260,11 @@ def _flush(rng: random.Random, t: FuzzTarget) -> Frame:
     return Frame("FlushRequest", m.encode(), tuple(_client_layout().fields))
 
 
+def _allocate_client_id(rng: random.Random, t: FuzzTarget) -> Frame:
+    m = AllocateClientIdRequest(_req_id(rng, t))
+    return Frame("AllocateClientIdRequest", m.encode(), tuple(_client_layout().fields))
+
+
 def _high_water_mark(rng: random.Random, t: FuzzTarget) -> Frame:
     m = HighWaterMarkRequest(_req_id(rng, t))
     return Frame("HighWaterMarkRequest", m.encode(), tuple(_client_layout().fields))
@@ -364,6 +370,7 @@ CLIENT_BUILDERS: dict[str, Builder] = {
     "FlushRequest": _flush,
     "HighWaterMarkRequest": _high_water_mark,
     "ReadRangeRequest": _read_range,
+    "AllocateClientIdRequest": _allocate_client_id,
 }
 STORAGE_BUILDERS: dict[str, Builder] = {
     "OpenRequest": _open,

@@ -3,6 +3,9 @@
 Each setting is named once; the file key, the variable ``<PREFIX><NAME>`` and
 the flag ``--<name-with-dashes>`` all derive from that name. A bad or missing
 setting raises ConfigError naming the setting and where its value came from.
+Every value given is checked, even one a later source overrides: a bad value
+in the --config file is refused although a flag sets the same setting (the
+file is wrong, and would be used as soon as the flag goes).
 Shared by the storage and server daemons.
 """
 
@@ -275,10 +278,11 @@ class SettingsSchema:
         """(parsed values, where each came from); optional settings left unset are None."""
         args = self.build_parser().parse_args(argv)
         by_name = {s.name: s for s in self.settings}
-        raw: dict[str, tuple[Any, str]] = {}
+        # Each setting's values, from every source that gives one, in precedence order.
+        raw: dict[str, list[tuple[Any, str]]] = {s.name: [] for s in self.settings}
         for s in self.settings:
             if s.default is not REQUIRED and s.default is not None:
-                raw[s.name] = (s.default, "default")
+                raw[s.name].append((s.default, "default"))
         if args.config:
             try:
                 with open(args.config, "rb") as f:
@@ -296,25 +300,26 @@ class SettingsSchema:
                     raise ConfigError(
                         f"{args.config}: unknown setting {key!r} (known: {', '.join(by_name)})"
                     )
-                raw[key] = (value, args.config)
+                raw[key].append((value, args.config))
         for s in self.settings:
             if self.env(s) in environ:
-                raw[s.name] = (environ[self.env(s)], f"${self.env(s)}")
+                raw[s.name].append((environ[self.env(s)], f"${self.env(s)}"))
             value = getattr(args, s.name)
             if value is not None:
-                raw[s.name] = (value, s.flag)
+                raw[s.name].append((value, s.flag))
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for s in self.settings:
-            if s.name not in raw:
+            given = raw[s.name]
+            if not given:
                 if s.default is REQUIRED:
                     raise ConfigError(self.required_message(s.name))
                 values[s.name] = None
                 continue
-            value, source = raw[s.name]
-            sources[s.name] = source
-            try:
-                values[s.name] = s.parse(value)
-            except ValueError as e:
-                raise ConfigError(f"setting {s.name} (from {source}): {e}") from None
+            for value, source in given:  # the last source wins; every one must be valid
+                try:
+                    values[s.name] = s.parse(value)
+                except ValueError as e:
+                    raise ConfigError(f"setting {s.name} (from {source}): {e}") from None
+                sources[s.name] = source
         return values, sources

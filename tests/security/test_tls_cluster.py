@@ -13,7 +13,7 @@ import pytest
 from kazoo.exceptions import NoAuthError
 
 from waltz_client import WaltzClient, WaltzClientConfig
-from waltz_client.cluster.admin import new_client_id, read_params
+from waltz_client.cluster.admin import read_params
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_client.local.certs import local_pki
@@ -21,6 +21,8 @@ from waltz_client.local.verify import converged_digests
 from waltz_client.tls import TlsContexts, TlsFiles, tls_open_connection
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_client.wire.client_messages import (
+    AllocateClientIdRequest,
+    ClientIdAllocated,
     ErrorCode,
     HighWaterMarkRequest,
     MountRequest,
@@ -126,27 +128,34 @@ def test_a_client_certificate_cannot_act_as_another_clients_id(make_cluster):
     pki = os.path.dirname(cluster.client_tls.cert)
     mallory = local_pki(pki, {"mallory": ["127.0.0.1"]})["mallory"]  # same CA, other name
     port = cluster.servers[0].ready["port"]
-    zk = connect(cluster.zookeeper_connect)
-    try:
-        alice_id = new_client_id(zk, cluster.layout.root)
-        mallory_id = new_client_id(zk, cluster.layout.root)
-    finally:
-        close(zk)
     generation = cluster.ownership()[0][1]
 
-    async def mount(files, client_id: int):
+    async def send(files, message):
+        """Send one request; the answers, and the connection (left open)."""
         answers: list = []
         opener = tls_open_connection(TlsContexts(files, listening=False))
         conn = await ServerConnection.connect(
             "127.0.0.1", port, on_message=answers.append, open_connection=opener
         )
-        conn.send(MountRequest(ReqId(client_id, generation, 0, 1), -1, 1))
+        conn.send(message)
         async with asyncio.timeout(30):
             while not answers and not conn.closed:
                 await asyncio.sleep(0.05)
         return answers, conn
 
-    async def scenario() -> None:
+    async def allocate(files) -> int:
+        """A client ID from the server, bound to the certificate's identity."""
+        answers, conn = await send(files, AllocateClientIdRequest(ReqId(-1, 0, 0, 1)))
+        await conn.close()
+        assert isinstance(answers[0], ClientIdAllocated), answers
+        return answers[0].client_id
+
+    async def mount(files, client_id: int):
+        return await send(files, MountRequest(ReqId(client_id, generation, 0, 1), -1, 1))
+
+    async def scenario() -> int:
+        alice_id = await allocate(cluster.client_tls)
+        mallory_id = await allocate(mallory)
         answers, alice = await mount(cluster.client_tls, alice_id)
         assert answers == [MountResponse(ReqId(alice_id, generation, 0, 1), MountStatus.READY)]
         # Mallory's certificate is valid, but alice's ID is alice's.
@@ -161,6 +170,10 @@ def test_a_client_certificate_cannot_act_as_another_clients_id(make_cluster):
         await conn.close()
         assert not alice.closed
         await alice.close()
+        return alice_id
 
-    asyncio.run(scenario())
-    assert "which belongs to 'waltz-client'" in cluster.servers[0].log_tail(50)
+    alice_id = asyncio.run(scenario())
+    assert (
+        f"identity 'mallory' may not use client ID {alice_id}: client ID {alice_id} belongs "
+        f"to another identity" in cluster.servers[0].log_tail(50)
+    )

@@ -20,7 +20,9 @@ from waltz_client.cluster.zk import close, connect
 from waltz_client.local.cluster import LocalCluster
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_client.wire.client_messages import (
+    AllocateClientIdRequest,
     AppendRequest,
+    ClientIdAllocated,
     ClientMessage,
     FeedData,
     FeedSuspended,
@@ -121,6 +123,8 @@ class PartitionClient:
         self.cluster = cluster
         self.partition = partition
         self.client_id = client_id if client_id is not None else next(self._ids)
+        # On mutual TLS a client ID must be allocated to our certificate (by a server).
+        self._allocated = client_id is not None or cluster.pki is None
         self.connection_seq = 0
         self.generation = -1
         self.conn: ServerConnection | None = None
@@ -170,6 +174,13 @@ class PartitionClient:
                     on_message=self._on_message,
                     open_connection=self.cluster.client_open_connection(),
                 )
+                if not self._allocated:
+                    q = ReqId(-1, -1, self.partition, next(self._seq))
+                    answer = self._expect(q)
+                    self.conn.send(AllocateClientIdRequest(q))
+                    allocated = await asyncio.wait_for(answer, 30)
+                    if isinstance(allocated, ClientIdAllocated):
+                        self.client_id, self._allocated = allocated.client_id, True
                 self.connection_seq += 1
                 q = self.req_id()
                 answer = self._expect(q)

@@ -60,6 +60,7 @@ DEFAULTS = {
     "max_frame_bytes": 64 * MiB,
     "max_data_bytes": 16 * MiB,
     "max_connections": 1024,
+    "max_connections_per_address": 256,
     "handshake_timeout": 10.0,
     "partial_frame_timeout": 60.0,
     "partial_frames_max_bytes": 256 * MiB,
@@ -67,6 +68,8 @@ DEFAULTS = {
     "max_feeds_per_partition": 10_000,
     "max_reads_per_connection": 32,
     "max_read_bytes_per_connection": 64 * MiB,
+    "client_id_quota": 1000,
+    "client_id_retention": 604800.0,
     "zk_auth_file": "",
     "zk_tls_cert": "",
     "zk_tls_key": "",
@@ -276,10 +279,15 @@ def test_flag_order_does_not_matter_but_the_last_repeat_wins(tmp_path):
     assert load_config([*ZK, "--port", "1", "--port", "2"], {}).port == 2
 
 
-def test_a_bad_value_overridden_by_a_later_source_is_never_parsed(tmp_path):
+def test_a_bad_value_overridden_by_a_later_source_is_still_refused(tmp_path):
+    """The overridden source is wrong, and would take effect once the override goes."""
     path = toml_file(tmp_path, 'port = "not a port"\n')
-    assert load_config([*ZK, "--config", path], {"WALTZ_SERVER_PORT": "4444"}).port == 4444
-    assert load_config([*ZK, "--port", "5555"], {"WALTZ_SERVER_PORT": "nope"}).port == 5555
+    with pytest.raises(ConfigError, match=r"setting port \(from .*server\.toml\): expected an"):
+        load_config([*ZK, "--config", path], {"WALTZ_SERVER_PORT": "4444"})
+    with pytest.raises(ConfigError, match=r"setting port \(from \$WALTZ_SERVER_PORT\)"):
+        load_config([*ZK, "--port", "5555"], {"WALTZ_SERVER_PORT": "nope"})
+    good = toml_file(tmp_path, "port = 1234\n", "good.toml")
+    assert load_config([*ZK, "--config", good, "--port", "5555"], {}).port == 5555
 
 
 def test_empty_file_changes_nothing(tmp_path):

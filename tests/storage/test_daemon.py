@@ -286,12 +286,21 @@ def test_flags_override_environment_override_file(storage_factory, tmp_path):
     # log_level WARNING from the file: no INFO lines were logged.
     assert " INFO " not in node.log()
 
-    # A bad value in the file does not matter when a flag overrides it.
+    # A bad value in the file is refused even when a flag overrides it: the file is
+    # wrong, and would take effect as soon as the flag goes.
     config.write_text(config.read_text() + 'segment_bytes = "huge"\n')
-    node = storage_factory(
-        raw_args=["--config", str(config), "--segment-bytes", "1MiB"], ready_file=file_ready
+    refused = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "waltz-storage"),
+            *("--config", str(config), "--segment-bytes", "1MiB"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    assert served(node) == [0]
+    assert refused.returncode == 2, refused.stderr
+    assert "segment_bytes" in refused.stderr and str(config) in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 # --- HTTP: health, readiness, metrics ---------------------------------------------------

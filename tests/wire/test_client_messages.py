@@ -19,7 +19,9 @@ from waltz_client.wire.client_messages import (
     MAX_LOCKS,
     SERVER_PROTOCOL_VERSIONS,
     SERVER_RESPONSES,
+    AllocateClientIdRequest,
     AppendRequest,
+    ClientIdAllocated,
     ClientMessage,
     ClientMessageType,
     ErrorCode,
@@ -85,6 +87,7 @@ MESSAGE_STRATEGIES: dict[type[ClientMessage], st.SearchStrategy[ClientMessage]] 
     TransactionDataRequest: st.builds(TransactionDataRequest, REQ_IDS, I64),
     FlushRequest: st.builds(FlushRequest, REQ_IDS),
     HighWaterMarkRequest: st.builds(HighWaterMarkRequest, REQ_IDS),
+    AllocateClientIdRequest: st.builds(AllocateClientIdRequest, REQ_IDS),
     ReadRangeRequest: st.builds(
         ReadRangeRequest,
         REQ_IDS,
@@ -104,6 +107,7 @@ MESSAGE_STRATEGIES: dict[type[ClientMessage], st.SearchStrategy[ClientMessage]] 
     HighWaterMarkResponse: st.builds(HighWaterMarkResponse, REQ_IDS, I64),
     ReadRangeResponse: st.builds(ReadRangeResponse, REQ_IDS, I64, BATCHES),
     ErrorResponse: st.builds(ErrorResponse, REQ_IDS, st.sampled_from(ErrorCode), TEXT),
+    ClientIdAllocated: st.builds(ClientIdAllocated, REQ_IDS, st.integers(0, 2**31 - 1)),
 }
 REQUEST_CLASSES = sorted(CLIENT_REQUESTS.values(), key=lambda c: c.TYPE)
 RESPONSE_CLASSES = sorted(SERVER_RESPONSES.values(), key=lambda c: c.TYPE)
@@ -205,7 +209,7 @@ def wire_record(txid, data, *, req=(0, 0, 0, 0), header=0, length=None, checksum
 
 def test_every_message_class_has_a_strategy():
     assert set(MESSAGE_STRATEGIES) == set(ALL_CLASSES)
-    assert len(CLIENT_REQUESTS) == 7 and len(SERVER_RESPONSES) == 9
+    assert len(CLIENT_REQUESTS) == 8 and len(SERVER_RESPONSES) == 10
     assert not set(CLIENT_REQUESTS) & set(SERVER_RESPONSES)
 
 
@@ -227,6 +231,8 @@ def test_type_codes():
         "READ_RANGE_REQUEST": 13,
         "READ_RANGE_RESPONSE": 14,
         "ERROR_RESPONSE": 15,
+        "ALLOCATE_CLIENT_ID_REQUEST": 16,
+        "CLIENT_ID_ALLOCATED": 17,
     }
     assert {c.__name__: c.TYPE for c in REQUEST_CLASSES} == {
         "MountRequest": 0,
@@ -236,6 +242,7 @@ def test_type_codes():
         "FlushRequest": 8,
         "HighWaterMarkRequest": 11,
         "ReadRangeRequest": 13,
+        "AllocateClientIdRequest": 16,
     }
     assert {c.__name__: c.TYPE for c in RESPONSE_CLASSES} == {
         "MountResponse": 1,
@@ -247,6 +254,7 @@ def test_type_codes():
         "HighWaterMarkResponse": 12,
         "ReadRangeResponse": 14,
         "ErrorResponse": 15,
+        "ClientIdAllocated": 17,
     }
 
 
@@ -272,7 +280,7 @@ def test_status_and_error_codes():
 
 
 def test_constants():
-    assert range(1, 2) == SERVER_PROTOCOL_VERSIONS
+    assert range(1, 3) == SERVER_PROTOCOL_VERSIONS
     assert MAX_LOCKS == 1024
     assert MAX_FEED_BATCH == 65_536
     assert MAX_ERROR_MESSAGE_BYTES == 4096
@@ -724,6 +732,7 @@ FIELD_LAYOUTS = [
     (TransactionDataRequest(REQ, 1), [("TransactionData.transaction_id", 8)]),
     (FlushRequest(REQ), []),
     (HighWaterMarkRequest(REQ), []),
+    (AllocateClientIdRequest(REQ), []),
     (
         ReadRangeRequest(REQ, 1, 2, 3),
         [
@@ -771,6 +780,7 @@ FIELD_LAYOUTS = [
         ErrorResponse(REQ, ErrorCode.NOT_READY, "later"),
         [("ErrorResponse.code", 1), ("ErrorResponse.message", 2), ("ErrorResponse.message", 5)],
     ),
+    (ClientIdAllocated(REQ, 7), [("ClientIdAllocated.client_id", 4)]),
 ]
 
 
@@ -863,7 +873,7 @@ def test_one_trailing_byte_after_an_empty_body():
 # --- unknown types and the wrong direction ------------------------------------------------------
 
 
-@pytest.mark.parametrize("message_type", [16, 17, 100, 255])
+@pytest.mark.parametrize("message_type", [18, 19, 100, 255])
 def test_unknown_message_type(message_type):
     with pytest.raises(
         UnknownMessageType, match=rf"^message type {message_type} is not a client request$"

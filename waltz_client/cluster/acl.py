@@ -6,14 +6,15 @@ TLS connection (``x509:<subject DN>``) or a SASL principal (``sasl:<name>``). Wi
 writer, CreateCluster writes every node of the cluster with this ACL:
 
 - each writer: every permission;
-- anyone: read. Clients and storage nodes only read the metadata;
-- anyone, on ``<root>/client-ids`` only: also create and delete children, so that a
-  client can allocate its client ID (a sequential node it deletes at once).
+- anyone: read, and nothing else, on every node. Clients and storage nodes only read
+  the metadata; a client gets its client ID from a server (``client_ids``).
 
 Servers and the admin CLI authenticate as a writer (they write ownership, partition
-metadata, registrations and client bindings); nodes they create copy the ACL of the
-cluster node (``adopt_cluster_acl``), so only CreateCluster needs to know the writers.
-Without writers, nothing changes: ZooKeeper's open ACL, as before.
+metadata, registrations, client IDs and their bindings); nodes they create copy the ACL
+of the cluster node (``adopt_cluster_acl``), so only CreateCluster needs to know the
+writers. Without writers, nothing changes: ZooKeeper's open ACL, as before. (Clusters
+created before servers allocated client IDs let anyone create and delete children of
+``<root>/client-ids``; they keep working, and ``client_ids_acl_of`` closes it.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kazoo.exceptions import NoNodeError
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
+from kazoo.security import (
+    ACL,
+    OPEN_ACL_UNSAFE,
+    Id,
+    Permissions,
+    make_digest_acl,
+)
 
 from .paths import ClusterPaths
 from .zk import ClusterError
@@ -143,15 +150,61 @@ def adopt_cluster_acl(zk, root: str) -> None:
     zk.default_acl = list(acl)
 
 
+def readopt_open_acl(zk, root: str) -> None:
+    """Before creating a node: a session that adopted an open cluster ACL reads the
+    cluster node's ACL again, so that a node created after ``waltz cluster secure`` gets
+    the new ACL, not the open one read at start. Free once the adopted ACL is not open."""
+    acl = getattr(zk, "default_acl", None)
+    if not acl or list(acl) == list(OPEN_ACL_UNSAFE):
+        adopt_cluster_acl(zk, root)
+
+
+def session_identities(credential: ZkCredential | None, zk_tls_cert: str = "") -> list[str]:
+    """The ZooKeeper identities (``scheme:id``, as an ACL names them) of a session with
+    this credential and, over TLS, this certificate. A server publishes them in its
+    registration, so that ``waltz cluster secure`` can check that every live server is
+    one of the new ACL's writers before it changes anything. A credential is named by its
+    user only (``digest:<user>``): its password hash would let anyone who reads the
+    registration guess the password offline (ZooKeeper shows it only to an ACL's admins)."""
+    ids = []
+    if credential is not None:
+        ids.append(f"digest:{credential.user}")
+    if zk_tls_cert:
+        try:
+            writer = x509_writer(zk_tls_cert)
+        except ClusterError:  # a subject ZooKeeper prints in hex: not matched by name
+            pass
+        else:
+            ids.append(f"{writer.scheme}:{writer.id}")
+    return ids
+
+
+def acl_writers(acl: Sequence[ACL]) -> set[str]:
+    """``scheme:id`` of every identity ``acl`` lets do everything (not ``world``); a
+    digest identity as ``digest:<user>``, as ``session_identities`` names it."""
+    return {
+        principal(f"{a.id.scheme}:{a.id.id}")
+        for a in acl
+        if a.id.scheme != "world" and a.perms & Permissions.ALL == Permissions.ALL
+    }
+
+
+def principal(text: str) -> str:
+    """``scheme:id`` without a digest identity's password hash (``digest:<user>``)."""
+    scheme, _, ident = text.partition(":")
+    if scheme == "digest":
+        return f"digest:{ident.partition(':')[0]}"
+    return text
+
+
 def client_ids_acl_of(zk) -> list[ACL] | None:
-    """The ``client-ids`` ACL for nodes created by ``zk``: its default ACL (the cluster's,
-    from its credential) opened to anyone for allocating IDs; None (kazoo's default)
-    when it has none."""
+    """The ``client-ids`` ACL for nodes created by ``zk``: its default ACL, as every node's
+    (servers draw client IDs; anyone else only reads); None (kazoo's default) when it has
+    none."""
     acl = getattr(zk, "default_acl", None)
     if not acl or list(acl) == list(OPEN_ACL_UNSAFE):
         return None
-    owners = [a for a in acl if a.id.scheme != "world"]
-    return [*owners, world(Permissions.READ | Permissions.CREATE | Permissions.DELETE)]
+    return list(acl)
 
 
 def credential_from_setting(path: str, setting: str) -> ZkCredential | None:

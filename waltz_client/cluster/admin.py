@@ -24,7 +24,7 @@ from kazoo.exceptions import (
 from waltz_client.partition_ranges import format_partition_ranges
 
 from .access import AccessPolicy
-from .acl import client_ids_acl_of
+from .client_ids import new_client_ids
 from .metadata import (
     ClusterParams,
     MetadataError,
@@ -149,7 +149,7 @@ def create_cluster(
         txn.create(
             paths.ownership, Ownership({p: (None, 0) for p in range(num_partitions)}).encode()
         )
-        txn.create(paths.client_ids, b"", acl=client_ids_acl_of(zk))
+        txn.create(paths.client_ids, b"")  # the cluster's ACL: only servers draw IDs
         try:
             results = txn.commit()
         except ConnectionLoss:
@@ -510,8 +510,7 @@ def delete_cluster(zk: KazooClient, root: str, confirm_name: str, force: bool = 
 
 
 def new_client_id(zk: KazooClient, root: str) -> int:
-    """A cluster-wide unique client ID: the sequence number of a (deleted) sequential node."""
-    paths = ClusterPaths.of(root)
-    node = zk.create(f"{paths.client_ids}/id-", b"", sequence=True)
-    zk.delete(node)
-    return int(node.rsplit("-", 1)[1])
+    """A cluster-wide unique number from the client-ID counter (the sequence number of a
+    deleted sequential node), bound to nobody. Servers allocate clients' IDs
+    (``client_ids.allocate_client_id``); under a cluster's ACL only a writer may draw."""
+    return new_client_ids(zk, root)[0]

@@ -20,6 +20,7 @@ from . import admin
 from .access import AccessPolicy
 from .acl import (
     adopt_cluster_acl,
+    client_ids_acl_of,
     credential_from_setting,
     metadata_acl,
     parse_writer,
@@ -29,6 +30,7 @@ from .metadata import ReplicaAssignment
 from .paths import ClusterPaths
 from .placement import quorum
 from .retention import RetentionPolicy, RetentionRule, parse_duration
+from .secure import describe_acl, secure_cluster
 from .zk import ClusterError, close, connect
 
 DEFAULT_ROOT = "/waltz"
@@ -95,6 +97,37 @@ def register(groups: argparse._SubParsersAction) -> None:
         metavar="PEM",
         help="let the holder of this certificate write the metadata over ZooKeeper's TLS "
         "port (repeat; its subject DN as an x509 ACL)",
+    )
+
+    p = command(
+        "secure",
+        "put the metadata ACL on every node of a cluster created open, while it serves",
+        cmd_secure,
+    )
+    p.add_argument(
+        "--writer",
+        "--zk-acl",
+        dest="writers",
+        action="append",
+        default=[],
+        metavar="SCHEME:ID",
+        help="also let this ZooKeeper identity write the metadata (repeat): "
+        "x509:<certificate subject DN> or sasl:<principal>",
+    )
+    p.add_argument(
+        "--writer-cert",
+        "--zk-acl-cert",
+        dest="writer_certs",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="let the holder of this certificate write the metadata (repeat)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would change; change nothing")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="even while a live server does not say it is a writer (it will get NoAuth)",
     )
 
     command("show", "parameters, assignment, partition metadata, servers, owners", cmd_show)
@@ -267,6 +300,67 @@ def cmd_create(zk: KazooClient, args: argparse.Namespace) -> int:
             f"{result.params.num_partitions} partitions x {result.params.num_replicas} "
             f"replicas, key {result.params.key}"
         )
+    return 0
+
+
+def cmd_secure(zk: KazooClient, args: argparse.Namespace) -> int:
+    credential = credential_from_setting(args.zk_auth_file, "--zk-auth-file")
+    if credential is None:
+        raise ValueError(
+            "--zk-auth-file (or WALTZ_ZK_AUTH_FILE) is required: the credential that "
+            "writes the metadata from now on, which the servers must already hold"
+        )
+    writers = [parse_writer(w) for w in args.writers]
+    writers += [x509_writer(path) for path in args.writer_certs]
+    acl = metadata_acl(credential, writers)
+    zk.default_acl = acl  # for nodes this session creates, and client_ids_acl_of
+    client_ids = client_ids_acl_of(zk) or acl
+
+    def say(message: str) -> None:
+        if not args.json:
+            print(message, flush=True)
+
+    report = secure_cluster(
+        zk,
+        args.root,
+        acl,
+        client_ids,
+        dry_run=args.dry_run,
+        force=args.force,
+        progress=say,
+    )
+    if args.json:
+        _print_json(
+            {
+                "root": report.root,
+                "dry_run": report.dry_run,
+                "nodes": report.nodes,
+                "changed": [c.path for c in report.changed],
+                "passes": report.passes,
+                "writers": report.writers,
+                "servers": report.servers,
+                "servers_not_writers": report.not_writers,
+            }
+        )
+        return 0
+    writers_text = ", ".join(report.writers)
+    if report.dry_run:
+        if not report.changed:
+            print(f"nothing to change: all {report.nodes} nodes under {report.root} carry the ACL")
+            return 0
+        print(f"would set the ACL of {len(report.changed)} of {report.nodes} nodes:")
+        for c in report.changed:
+            print(f"  {c.path}: {describe_acl(c.before)} -> {describe_acl(c.after)}")
+        return 0
+    if not report.changed:
+        print(f"nothing to change: all {report.nodes} nodes under {report.root} carry the ACL")
+        return 0
+    print(
+        f"secured {report.root}: {len(report.changed)} of {report.nodes} nodes changed in "
+        f"{report.passes} passes; writers {writers_text}, anyone may read; "
+        f"{len(report.servers) - len(report.not_writers)} of {len(report.servers)} live "
+        f"server(s) are writers"
+    )
     return 0
 
 

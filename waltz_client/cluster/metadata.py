@@ -62,6 +62,13 @@ def _field(kind: str, doc: dict[str, Any], name: str, typ: type, *, minimum: int
     return value
 
 
+def _string_list(kind: str, doc: dict[str, Any], name: str) -> tuple[str, ...]:
+    value = _field(kind, doc, name, list)
+    if not all(isinstance(v, str) for v in value):
+        raise MetadataError(f"{kind}: field {name!r} must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
 def _partition_list(kind: str, value: Any, where: str) -> frozenset[int]:
     if not isinstance(value, list) or not all(
         isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in value
@@ -249,13 +256,17 @@ class ServerRegistration:
     ``tls_name``: the name clients check the server's TLS certificate against, when it is
     not ``host`` (on Kubernetes a server is dialled at its pod IP, which no certificate
     names, and proves the name of the cluster's client Service); empty: ``host``.
-    Omitted from the node when empty, and ignored by readers that predate it."""
+    Omitted from the node when empty, and ignored by readers that predate it.
+
+    ``zk_auth``: the ZooKeeper identities its session authenticates as (``scheme:id``,
+    ``acl.session_identities``), which ``waltz cluster secure`` checks; omitted when none."""
 
     server_id: str
     host: str
     port: int
     http_port: int
     tls_name: str = ""
+    zk_auth: tuple[str, ...] = ()
 
     KIND = "server"
 
@@ -277,6 +288,8 @@ class ServerRegistration:
         }
         if self.tls_name:
             body["tls_name"] = self.tls_name
+        if self.zk_auth:
+            body["zk_auth"] = list(self.zk_auth)
         return _encode(self.KIND, body)
 
     @classmethod
@@ -288,6 +301,7 @@ class ServerRegistration:
             _field(cls.KIND, doc, "port", int, minimum=0),
             _field(cls.KIND, doc, "http_port", int, minimum=0),
             _field(cls.KIND, doc, "tls_name", str) if "tls_name" in doc else "",
+            _string_list(cls.KIND, doc, "zk_auth") if "zk_auth" in doc else (),
         )
 
 

@@ -71,13 +71,24 @@ class ClusterPaths:
 
     @property
     def client_bindings(self) -> str:
-        """Client ID -> the certificate identity that first used it (with client TLS)."""
+        """Client ID -> the certificate identity it was allocated to (with client TLS); a
+        binding's modification time is its last use (``client_ids``)."""
         return f"{self.root}/client-bindings"
 
     def client_binding(self, client_id: int) -> str:
         return f"{self.root}/client-bindings/{client_id}"
 
     @property
+    def client_identities(self) -> str:
+        """Per identity, its live client IDs as children (what its quota counts)."""
+        return f"{self.root}/client-identities"
+
+    def client_identity(self, key: str) -> str:
+        """``key``: ``client_ids.identity_key(identity)``."""
+        return f"{self.root}/client-identities/{key}"
+
+    @property
     def client_ids(self) -> str:
-        """Parent of sequential nodes whose sequence numbers are unique client IDs."""
+        """Parent of sequential nodes whose sequence numbers are unique client IDs (servers
+        draw them; a cluster created before AllocateClientId lets anyone draw)."""
         return f"{self.root}/client-ids"

@@ -21,9 +21,13 @@ from dataclasses import dataclass, field
 
 from .. import event_loop
 from ..client import SubmitStatus, WaltzClient
+from ..cluster.zk import ClusterError
 from ..config import WaltzClientConfig
-from ..local.cluster import LocalCluster
+from ..local.cli import add_security_flags
+from ..local.cluster import LocalCluster, LocalClusterError
+from ..local.processes import ProcessFailed
 from ..local.verify import converged_digests
+from ..local.zookeeper import ZooKeeperUnavailable
 from . import bank
 from .common import FAST_FAILOVER, check_at_least_one, fresh_cluster
 
@@ -39,7 +43,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", type=int, default=4, help="partitions (default 4)")
     p.add_argument("--accounts", type=int, default=40, help="accounts (default 40)")
     p.add_argument("--no-faults", action="store_true", help="skip the kills")
-    p.add_argument("--tls", action="store_true", help="mutual TLS, and ZooKeeper ACLs")
+    add_security_flags(p)
     p.add_argument(
         "--database",
         metavar="URL",
@@ -213,6 +217,8 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
     p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000 if lat else float("nan")
     print()
     print("=== waltz demo report ===")
+    secure = cluster.client_tls is not None and cluster.zk_credential is not None
+    print(f"security                  {'mutual TLS, ZooKeeper ACLs' if secure else 'PLAIN TEXT'}")
     print(f"transfers submitted       {tally.submitted}")
     print(f"committed                 {tally.committed} ({tally.committed / elapsed:.0f} tx/s)")
     print(f"refused (no funds)        {tally.ignored}")
@@ -295,9 +301,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if problem:
             print(f"waltz demo: error: {problem}")
             return 2
-    cluster = fresh_cluster(args.data_dir, args.partitions, 2, FAST_FAILOVER, tls=args.tls)
-    say(f"starting a local cluster in {cluster.data_dir}")
-    cluster.start(say)
+    try:
+        cluster = fresh_cluster(
+            args.data_dir, args.partitions, 2, FAST_FAILOVER, tls=not args.insecure
+        )
+        security = (
+            "PLAIN TEXT, open ZooKeeper ACL (--insecure)"
+            if args.insecure
+            else f"mutual TLS (a throw-away CA in {cluster.data_dir}/pki), ZooKeeper ACLs"
+        )
+        say(f"starting a local cluster in {cluster.data_dir}: {security}")
+        cluster.start(say)
+    except (LocalClusterError, ZooKeeperUnavailable, ProcessFailed, ClusterError) as e:
+        print(f"waltz demo: error: {e}")
+        return 2
     try:
         return event_loop.run(run_bank(args, cluster))
     finally:

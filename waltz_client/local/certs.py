@@ -1,5 +1,6 @@
-"""A throw-away certificate authority for a local cluster with TLS on (``--tls``) and for
-tests: a CA and one certificate per identity, as PEM files in a directory.
+"""A throw-away certificate authority for a local cluster with TLS on (``waltz local up``
+and ``waltz demo`` unless ``--insecure``) and for tests: a CA and one certificate per
+identity, as PEM files in a directory.
 
 Not for production: the CA key sits next to the certificates. On Kubernetes the
 certificates come from Secrets (docs/security.md).
@@ -24,7 +25,7 @@ def local_pki(
     """TlsFiles for each identity (its common name) with the given host names and IPs as
     subject alternative names. Files already there are kept (a restarted cluster keeps
     its certificates); missing ones are issued by the CA, which is made if missing."""
-    import trustme  # the `local` extra: only a TLS local cluster or the tests need it
+    import trustme  # the `local` extra (`make` installs it): TLS local clusters and tests
 
     os.makedirs(directory, exist_ok=True)
     ca_path = os.path.join(directory, CA_FILE)

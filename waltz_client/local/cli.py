@@ -10,7 +10,7 @@ import threading
 
 from waltz_client.cluster.zk import ClusterError
 
-from .cluster import LocalCluster, LocalClusterError
+from .cluster import HOST, LocalCluster, LocalClusterError
 from .processes import ProcessFailed
 from .zookeeper import ZooKeeperUnavailable
 
@@ -29,10 +29,23 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=3, help="replicas (default 3)")
     p.add_argument("--servers", type=int, default=2, help="servers (default 2)")
     p.add_argument("--name", default="local", help="cluster name (default local)")
-    p.add_argument(
-        "--tls", action="store_true", help="mutual TLS (a throw-away CA in pki/) and ZooKeeper ACLs"
-    )
+    add_security_flags(p)
     p.set_defaults(func=cmd_up)
+
+
+def add_security_flags(p: argparse.ArgumentParser) -> None:
+    """``--insecure``, and ``--tls``, the default since issue 39 (kept so that scripts
+    that pass it still run)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plain text everywhere and an open ZooKeeper ACL (default: mutual TLS with a "
+        "throw-away CA in <data dir>/pki/, and ZooKeeper ACLs)",
+    )
+    group.add_argument(
+        "--tls", action="store_true", help="deprecated, does nothing: TLS is the default"
+    )
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -47,7 +60,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             replicas=args.replicas,
             name=args.name,
             servers=args.servers,
-            tls=args.tls,
+            tls=not args.insecure,
         )
         cluster.start(say)
     except (LocalClusterError, ZooKeeperUnavailable, ProcessFailed, ClusterError) as e:
@@ -61,6 +74,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     if cluster.client_tls is not None:
         tls = cluster.client_tls
         say(f"  TLS: clients use cert {tls.cert}, key {tls.key}, CA {tls.ca}")
+        say(
+            "  a client: WaltzClientConfig(os.environ['WALTZ_ZOOKEEPER'], "
+            f"zk_root={cluster.layout.root!r}, tls=files, zk_tls=files) with "
+            f"files = TlsFiles({str(tls.cert)!r}, {str(tls.key)!r}, {str(tls.ca)!r})"
+        )
+    else:
+        say(
+            "  PLAIN TEXT (--insecure): no TLS and an open ZooKeeper ACL: any user of this "
+            f"machine can use every port on {HOST} and write the metadata"
+        )
     say(f"  data and logs in {cluster.data_dir}; Ctrl-C stops everything")
     try:
         while not done.wait(1.0):

@@ -11,7 +11,9 @@ With ``tls=True`` a throw-away CA in ``pki/`` issues a certificate per daemon
 (``waltz-storage-<i>``, ``waltz-server-<i>``), one for admin tools (``waltz-admin``) and
 one for clients (``waltz-client``, ``client_tls``); clients reach servers, and servers
 storage nodes, over mutual TLS; and the metadata in ZooKeeper gets ACLs: only the
-credential in ``pki/zk-auth`` (given to servers) may write it.
+credential in ``pki/zk-auth`` (given to servers) may write it. ``waltz local up`` and
+``waltz demo`` pass ``tls=True`` unless ``--insecure``; the class defaults to plain
+because most tests use it as a harness and do not need the handshakes.
 """
 
 from __future__ import annotations
@@ -24,13 +26,18 @@ import random
 import secrets
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from waltz_client.cluster.acl import credential_from_setting
+from kazoo.security import OPEN_ACL_UNSAFE
+
+from waltz_client.cluster.acl import client_ids_acl_of, credential_from_setting, metadata_acl
 from waltz_client.cluster.admin import CreateResult, create_cluster
+from waltz_client.cluster.paths import ClusterPaths
+from waltz_client.cluster.secure import same_acl, secure_cluster
 from waltz_client.cluster.zk import close, connect
 from waltz_client.tls import TlsContexts, TlsFiles, tls_open_connection
 
@@ -65,6 +72,25 @@ class LocalLayout:
     @property
     def storage_addresses(self) -> list[str]:
         return [f"{HOST}:{port}" for port, _ in self.storage_ports]
+
+
+def _usable_data_dir(path: str) -> None:
+    """Create the data directory if need be and check that files can be written in it:
+    else LocalClusterError, one line naming it and the system's reason (a path under
+    /proc, a file, a directory this user may not write)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise LocalClusterError(f"data directory {path}: not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise LocalClusterError(f"data directory {path}: cannot create it: {e.strerror}") from None
+    try:  # a real write: access() says yes to root on a directory that refuses files
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise LocalClusterError(
+            f"data directory {path}: cannot write in it: {e.strerror}"
+        ) from None
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -142,9 +168,16 @@ class LocalCluster:
         server_args: list[str] | None = None,
         external_zookeeper: str | None = None,
         tls: bool = False,
+        zk_auth_file: str = "",
     ) -> None:
         """``external_zookeeper``: use that ensemble (tests share one) instead of starting
-        an embedded ZooKeeper. ``tls``: servers and storage nodes talk over mutual TLS."""
+        an embedded ZooKeeper. ``tls``: servers and storage nodes talk over mutual TLS,
+        and the metadata gets ACLs (a credential made in ``pki/``). ``zk_auth_file``
+        (without ``tls``): servers and ``zk_connect`` authenticate with that credential
+        but the cluster is created open, as one made before it had ACLs
+        (``waltz cluster secure`` adds them)."""
+        if tls and zk_auth_file:
+            raise LocalClusterError("tls makes its own ZooKeeper credential: no zk_auth_file")
         self.data_dir = os.path.abspath(data_dir)
         self.storage_args = storage_args or []
         self.server_args = server_args or []
@@ -156,9 +189,16 @@ class LocalCluster:
             identities = {ADMIN_IDENTITY: hosts, CLIENT_IDENTITY: hosts, ZOOKEEPER_IDENTITY: hosts}
             identities.update({f"waltz-storage-{i}": hosts for i in range(storages)})
             identities.update({f"waltz-server-{i}": hosts for i in range(servers)})
-            self.pki = local_pki(os.path.join(self.data_dir, "pki"), identities)
+            try:
+                self.pki = local_pki(os.path.join(self.data_dir, "pki"), identities)
+            except ImportError as e:
+                raise LocalClusterError(
+                    f"a TLS local cluster makes its throw-away CA with trustme ({e}): "
+                    f"pip install 'waltz[local]', or run with --insecure (plain text)"
+                ) from None
         # A secure cluster also keeps its metadata under ZooKeeper ACLs (acl.py).
-        self.zk_auth_file = os.path.join(self.data_dir, "pki", "zk-auth") if tls else ""
+        self.zk_auth_file = os.path.join(self.data_dir, "pki", "zk-auth") if tls else zk_auth_file
+        self.create_open = bool(zk_auth_file)
         if self.zk_auth_file and not os.path.exists(self.zk_auth_file):
             with open(os.open(self.zk_auth_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
                 f.write(f"waltz:{secrets.token_urlsafe(24)}\n")
@@ -179,6 +219,7 @@ class LocalCluster:
     def _load_or_plan(
         self, storages: int, partitions: int, replicas: int, name: str, root: str
     ) -> LocalLayout:
+        _usable_data_dir(self.data_dir)
         path = os.path.join(self.data_dir, STATE_FILE)
         if os.path.exists(path):
             with open(path) as f:
@@ -216,7 +257,6 @@ class LocalCluster:
             _free_port(taken),
             [(_free_port(taken), _free_port(taken)) for _ in range(storages)],
         )
-        os.makedirs(self.data_dir, exist_ok=True)
         with open(path, "w") as f:
             json.dump(asdict(layout), f, indent=2)
         return layout
@@ -390,7 +430,11 @@ class LocalCluster:
             if self.zookeeper is not None:
                 progress(f"starting ZooKeeper on {self.zookeeper_connect}")
                 self.zookeeper.start()
-            zk = self.zk_connect()
+            zk = (
+                connect(self.zookeeper_connect, tls=self.zk_tls())  # anonymous: open ACLs
+                if self.create_open
+                else self.zk_connect()
+            )
             try:
                 self.created = create_cluster(
                     zk,
@@ -400,13 +444,15 @@ class LocalCluster:
                     self.layout.replicas,
                     self.layout.storage_addresses,
                 )
+                verb = "created" if self.created.created else "found"
+                progress(
+                    f"{verb} cluster {self.layout.name!r} at {self.layout.root}: "
+                    f"{self.layout.partitions} partitions x {self.layout.replicas} replicas"
+                )
+                if self.zookeeper is not None and not self.created.created:
+                    self._match_acl(zk, progress)
             finally:
                 close(zk)
-            verb = "created" if self.created.created else "found"
-            progress(
-                f"{verb} cluster {self.layout.name!r} at {self.layout.root}: "
-                f"{self.layout.partitions} partitions x {self.layout.replicas} replicas"
-            )
             for proc in self.storages:
                 proc.start()
                 progress(
@@ -422,6 +468,29 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+
+    def _match_acl(self, zk: Any, progress: Callable[[str], None]) -> None:
+        """A data directory kept from an earlier run whose metadata does not match this
+        run's security: an open cluster is secured (before any server starts); a cluster
+        with ACLs is refused without a credential (its servers could not write)."""
+        acl, _ = zk.get_acls(ClusterPaths.of(self.layout.root).cluster)
+        is_open = same_acl(acl, OPEN_ACL_UNSAFE)
+        if self.pki is not None and is_open:
+            secure_cluster(
+                zk,
+                self.layout.root,
+                metadata_acl(self.zk_credential),
+                client_ids_acl_of(zk) or metadata_acl(self.zk_credential),
+                force=True,  # no server of ours runs yet; an old one's session is ending
+                settle=0.0,
+            )
+            progress("the cluster found was open (made with --insecure): its metadata now has ACLs")
+        elif self.zk_credential is None and not is_open:
+            raise LocalClusterError(
+                f"the cluster in {self.data_dir} keeps its metadata under ZooKeeper ACLs "
+                f"(it was made without --insecure): start it without --insecure, or use "
+                f"another --data-dir"
+            )
 
     def stop(self) -> None:
         for proc in self.servers:

@@ -2,9 +2,10 @@
 
 Every message starts with a ReqId (client ID, generation, partition ID,
 sequence number): the partition a message is about is its ReqId's. Type
-codes 0-12 follow the original implementation; 13-15 are additions (a bulk
-range read for batch readers, and an error response for RPCs). Feed data
-travels in batches: one frame carries many committed transaction headers.
+codes 0-12 follow the original implementation; 13-17 are additions (a bulk
+range read for batch readers, an error response for RPCs, and client-ID
+allocation, protocol version 2). Feed data travels in batches: one frame
+carries many committed transaction headers.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from .records import (
     crc32,
 )
 
-SERVER_PROTOCOL_VERSIONS = range(1, 2)  # versions this build speaks
+# Versions this build speaks: 2 adds AllocateClientId (a client of a version-1 server
+# draws its ID from ZooKeeper, as clients did before).
+SERVER_PROTOCOL_VERSIONS = range(1, 3)
+CLIENT_ID_PROTOCOL_VERSION = 2
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -58,6 +62,8 @@ class ClientMessageType(IntEnum):
     READ_RANGE_REQUEST = 13
     READ_RANGE_RESPONSE = 14
     ERROR_RESPONSE = 15
+    ALLOCATE_CLIENT_ID_REQUEST = 16
+    CLIENT_ID_ALLOCATED = 17
 
 
 class MountStatus(IntEnum):
@@ -74,7 +80,7 @@ class ErrorCode(IntEnum):
     STORAGE_UNAVAILABLE = 4  # no storage node could answer the read
     BAD_REQUEST = 5  # reserved: a malformed request closes the connection instead
     NOT_MOUNTED = 6  # a Flush on a connection without a current mount of the client
-    LIMIT_EXCEEDED = 7  # a per-connection or per-partition limit of the server
+    LIMIT_EXCEEDED = 7  # a limit of the server (or a client-ID quota); the message says which
     UNAUTHORIZED = 8  # the connection's certificate may not act as this client ID
     FORBIDDEN = 9  # the cluster's access policy does not let this identity do that here
     TRUNCATED = 10  # below the partition's log start (retention); the message names it
@@ -304,6 +310,15 @@ class ReadRangeRequest(ClientMessage):
                 f"need from >= 0 and positive limits"
             )
         return cls(req_id, start, count, size)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateClientIdRequest(ClientMessage):
+    """Ask for a client ID (version 2). On a mutual-TLS port it is bound to the
+    connection's certificate identity. Only the ReqId's sequence number matters (a
+    client without an ID sends -1 as its client ID)."""
+
+    TYPE = ClientMessageType.ALLOCATE_CLIENT_ID_REQUEST
 
 
 # --- server -> client -----------------------------------------------------------------
@@ -545,6 +560,24 @@ class ErrorResponse(ClientMessage):
         return cls(req_id, error, r.string("ErrorResponse.message", MAX_ERROR_MESSAGE_BYTES))
 
 
+@dataclass(frozen=True, slots=True)
+class ClientIdAllocated(ClientMessage):
+    """The answer to an AllocateClientId: the client's ID (0..2**31-1)."""
+
+    TYPE = ClientMessageType.CLIENT_ID_ALLOCATED
+    client_id: int = 0
+
+    def _body(self) -> bytes:
+        return _I32.pack(self.client_id)
+
+    @classmethod
+    def _read_body(cls, r, req_id, max_data_bytes):
+        client_id = r.i32("ClientIdAllocated.client_id")
+        if client_id < 0:
+            raise MalformedMessage(f"ClientIdAllocated.client_id {client_id} is negative")
+        return cls(req_id, client_id)
+
+
 CLIENT_REQUESTS: dict[int, type[ClientMessage]] = {
     cls.TYPE: cls
     for cls in (
@@ -555,6 +588,7 @@ CLIENT_REQUESTS: dict[int, type[ClientMessage]] = {
         FlushRequest,
         HighWaterMarkRequest,
         ReadRangeRequest,
+        AllocateClientIdRequest,
     )
 }
 SERVER_RESPONSES: dict[int, type[ClientMessage]] = {
@@ -569,6 +603,7 @@ SERVER_RESPONSES: dict[int, type[ClientMessage]] = {
         HighWaterMarkResponse,
         ReadRangeResponse,
         ErrorResponse,
+        ClientIdAllocated,
     )
 }
 

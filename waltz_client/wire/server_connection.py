@@ -54,6 +54,7 @@ class ServerConnection:
         self._feed_rows = feed_rows
         self.closed_reason: str | None = None
         self.closed_event = asyncio.Event()
+        self.protocol_version = 1  # as the handshake settled it
         self._out: list[bytes] = []
         # The handshake is done and the server sends nothing unasked: from here the
         # socket reads go straight into frame buffers.
@@ -91,7 +92,7 @@ class ServerConnection:
             except BaseException:
                 writer.close()
                 raise
-            return cls(
+            conn = cls(
                 writer,
                 endpoint,
                 on_message,
@@ -100,6 +101,8 @@ class ServerConnection:
                 check_records,
                 feed_rows,
             )
+            conn.protocol_version = reply.version
+            return conn
 
         return await asyncio.wait_for(dial(), timeout)
 

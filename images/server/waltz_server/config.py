@@ -9,7 +9,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from waltz_client.cluster.acl import ZkCredential, credential_from_setting
+from waltz_client.cluster.acl import ZkCredential, credential_from_setting, session_identities
 from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.cluster.zk import ClusterError
 from waltz_client.peer_limits import peer_limit_settings
@@ -183,6 +183,18 @@ SETTINGS = (
         "largest replies of one connection's reads in flight, together",
     ),
     Setting(
+        "client_id_quota",
+        int_in(1, 1_000_000),
+        1000,
+        "client IDs one certificate identity may hold at once (on a mutual-TLS client port)",
+    ),
+    Setting(
+        "client_id_retention",
+        float_in(1.0, 10 * 365 * 86400.0),
+        7 * 86400.0,
+        "seconds after which a client ID no connection uses is released",
+    ),
+    Setting(
         "zk_auth_file",
         str,
         "",
@@ -261,6 +273,7 @@ class ServerConfig:
     max_frame_bytes: int
     max_data_bytes: int
     max_connections: int
+    max_connections_per_address: int
     handshake_timeout: float
     partial_frame_timeout: float
     partial_frames_max_bytes: int
@@ -268,6 +281,8 @@ class ServerConfig:
     max_feeds_per_partition: int
     max_reads_per_connection: int
     max_read_bytes_per_connection: int
+    client_id_quota: int
+    client_id_retention: float
     zk_auth_file: str
     zk_tls_cert: str
     zk_tls_key: str
@@ -315,7 +330,13 @@ class ServerConfig:
         """What this server publishes in ZooKeeper: where clients reach it, and (over
         TLS, when it is not that host) the name they check its certificate for."""
         return ServerRegistration(
-            server_id, self.advertised(), port, http_port, self.advertised_tls_name
+            server_id,
+            self.advertised(),
+            port,
+            http_port,
+            self.advertised_tls_name,
+            # Who it is to ZooKeeper, which `waltz cluster secure` checks.
+            tuple(session_identities(self.zk_credential, self.zk_tls_cert if self.zk_tls else "")),
         )
 
 

@@ -20,13 +20,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kazoo.exceptions import KazooException
+
 from waltz_client.cluster.access import OPEN_ACCESS, Access, AccessPolicy
+from waltz_client.cluster.client_ids import ClientIdRefused
+from waltz_client.cluster.zk import ClusterError
 from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
 from waltz_client.peer_warnings import PeerWarnings
 from waltz_client.tls import peer_identity
 from waltz_client.wire.client_messages import (
     SERVER_PROTOCOL_VERSIONS,
+    AllocateClientIdRequest,
     AppendRequest,
+    ClientIdAllocated,
     ClientMessage,
     ErrorCode,
     ErrorResponse,
@@ -54,7 +60,14 @@ from waltz_client.wire.framing import (
     negotiate,
 )
 
-from .client_identity import ACTS_AS_CLIENT, ClientBindings, refusal, required_access
+from .client_identity import (
+    ACTS_AS_CLIENT,
+    MAX_ALLOCATIONS_PER_CONNECTION,
+    ClientBindings,
+    ZooKeeperUnavailable,
+    refusal,
+    required_access,
+)
 from .partition import Partition, State
 
 log = logging.getLogger(__name__)
@@ -69,6 +82,7 @@ class ConnectionLimits:
     max_feeds: int = 1024  # feeds and mounts at once, per connection
     max_reads: int = 32  # read, data and high-water mark requests in flight
     max_read_bytes: int = 64 * 1024 * 1024  # their largest replies together
+    first_frame_max_bytes: int = 64 * 1024  # of a frame before the first request is whole
     peer: PeerLimits = PeerLimits()  # noqa: RUF009 - frozen: one shared default is safe
 
 
@@ -84,7 +98,7 @@ class ClientConnectionHandler(asyncio.Protocol):
         guard: PeerGuard | None = None,
         limits: ConnectionLimits | None = None,
         bindings: ClientBindings | None = None,
-        access: Callable[[], AccessPolicy] = lambda: OPEN_ACCESS,
+        access: Callable[[], AccessPolicy | None] = lambda: OPEN_ACCESS,
     ) -> None:
         self._write_buffer_bytes = write_buffer_bytes
         self.limits = limits or ConnectionLimits()
@@ -98,15 +112,21 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._read_limited = False
         self._write_blocked = False
         self._budget_stopped = False
-        self._admitted = False
-        # With client certificates: the identity, the client IDs it has proven, and the
-        # requests held (in order) while one is checked.
+        self._admitted = False  # holds a slot of the guard (from accept, before TLS)
+        self._accepted: asyncio.BaseTransport | None = None  # the TCP transport, TLS or not
+        self._ready = False  # a first request came after the hello
+        self.address = "?"
+        # The client IDs this connection was given (allocations answered) and, with
+        # client certificates, the identity, the IDs it has proven, and the requests held
+        # (in order) while one is checked or allocated.
         self._bindings = bindings
         self.identity: str | None = None
         self._proven: set[int] = set()
+        self._allocations = 0
         self._held: collections.deque[ClientMessage] = collections.deque()
-        # The cluster's access policy (it may change at any time) and, for the policy last
-        # seen, what this connection's identity may do per (partition, access).
+        # The cluster's access policy (it may change at any time; None: not read yet) and,
+        # for the policy last seen, what this connection's identity may do per
+        # (partition, access).
         self._access = access
         self._access_seen: AccessPolicy | None = None
         self._allowed: dict[tuple[int, Access], bool] = {}
@@ -184,7 +204,7 @@ class ClientConnectionHandler(asyncio.Protocol):
 
     @property
     def ready(self) -> bool:
-        return self._decoder is not None
+        return self._ready
 
     @property
     def partial(self) -> int:
@@ -204,8 +224,9 @@ class ClientConnectionHandler(asyncio.Protocol):
     def close_for(self, reason: str) -> None:
         self._on_error("timeout")
         peer_warnings.warning("closing client connection %s: %s", self.peer, reason)
-        if self._transport is not None:
-            self._transport.abort()
+        transport = self._transport or self._accepted  # perhaps still in its TLS handshake
+        if transport is not None:
+            transport.abort()
         self.closed = True
 
     @property
@@ -224,20 +245,25 @@ class ClientConnectionHandler(asyncio.Protocol):
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def accepted(self, transport: asyncio.BaseTransport) -> bool:
+        """The TCP connection is up (before any TLS handshake): take a slot, or refuse."""
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        if not self._guard.admit(self):
+        self.address = str(peer[0]) if peer else "?"
+        refusal = self._guard.admit(self)
+        if refusal is not None:
             self._on_error("connection_limit")
-            peer_warnings.warning(
-                "refusing client connection %s: %d connections open (max_connections)",
-                self.peer,
-                len(self._guard.connections),
-            )
+            peer_warnings.warning("refusing client connection %s: %s", self.peer, refusal)
             self.closed = True
+            return False
+        self._admitted = True
+        self._accepted = transport
+        return True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._admitted and not self.accepted(transport):
             transport.abort()
             return
-        self._admitted = True
         self._transport = transport  # type: ignore[assignment]
         self._out = CorkedWriter(transport)  # type: ignore[arg-type]
         self.identity = peer_identity(transport)
@@ -249,6 +275,7 @@ class ClientConnectionHandler(asyncio.Protocol):
         if self._backlog_drain is not None:
             self._backlog_drain.cancel()
         self._transport = None
+        self._accepted = None
         self._out = None
         self._writable.set()
         for task in self._tasks:
@@ -256,6 +283,11 @@ class ClientConnectionHandler(asyncio.Protocol):
         if self._admitted:
             self._guard.forget(self, self._frame.partial)
             self._on_close(self)
+        # The partial frame goes now, not when the cyclic collector finds this object (it
+        # and its FrameProgress refer to each other): frames read after 12 peers closed
+        # kept 168 MiB held for good.
+        self._decoder = None
+        self._hello = bytearray()
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -282,7 +314,26 @@ class ClientConnectionHandler(asyncio.Protocol):
         except ProtocolError as e:
             self._reject(f"{type(e).__name__}: {e}")
             return
+        if not self._ready and not self._became_ready():
+            return
         self._work_through_backlog()
+
+    def _became_ready(self) -> bool:
+        """Before its first request a connection is a stranger: it holds a slot others
+        may take, and no more than ``first_frame_max_bytes`` of a frame (a first request,
+        a Mount or a read, is tiny). False: it was closed."""
+        if self._backlog:
+            self._ready = True
+            self._guard.ready(self)
+            return True
+        assert self._decoder is not None
+        limit = self.limits.first_frame_max_bytes
+        if self._decoder.buffered > limit:
+            self._reject(
+                f"FrameTooLarge: more than {limit} bytes of a first request (first_frame_max_bytes)"
+            )
+            return False
+        return True
 
     def _work_through_backlog(self) -> None:
         """Take the frames received, in order, until something says stop (reads or
@@ -336,10 +387,15 @@ class ClientConnectionHandler(asyncio.Protocol):
 
     # --- client identity ----------------------------------------------------------------
 
+    @property
+    def client_ids_in_use(self) -> set[int]:
+        """The client IDs this connection has proven its identity may use."""
+        return self._proven
+
     def _admit(self, message: ClientMessage) -> None:
         """Dispatch, or hold (with everything after it, in order) while the connection's
-        right to act as the message's client ID is checked."""
-        if self._held or self._unproven(message):
+        right to act as the message's client ID is checked, or a client ID allocated."""
+        if self._held or self._unproven(message) or isinstance(message, AllocateClientIdRequest):
             self._held.append(message)
             if len(self._held) == 1:
                 self.pause_reading()
@@ -358,27 +414,27 @@ class ClientConnectionHandler(asyncio.Protocol):
         )
 
     async def _prove_held(self) -> None:
-        assert self._bindings is not None and self.identity is not None
         try:
             while self._held and not self.closed:
                 message = self._held[0]
+                if isinstance(message, AllocateClientIdRequest):
+                    self._held.popleft()
+                    await self._allocate(message)
+                    continue
                 if self._unproven(message):
+                    assert self._bindings is not None and self.identity is not None
                     client_id = message.req_id.client_id
-                    owner = await self._bindings.bound_identity(client_id, self.identity)
-                    if owner != self.identity:
+                    why = await self._bindings.refusal(client_id, self.identity)
+                    if why is not None:
                         self._on_error("unauthorized")
-                        self._error(
-                            message.req_id,
-                            ErrorCode.UNAUTHORIZED,
-                            f"client ID {client_id} belongs to another identity",
-                        )
+                        self._error(message.req_id, ErrorCode.UNAUTHORIZED, why)
                         peer_warnings.warning(
-                            "closing client connection %s: identity %r used client ID %d, "
-                            "which belongs to %r",
+                            "closing client connection %s: identity %r may not use client "
+                            "ID %d: %s",
                             self.peer,
                             self.identity,
                             client_id,
-                            owner,
+                            why,
                         )
                         self._held.clear()
                         self.close()
@@ -397,10 +453,41 @@ class ClientConnectionHandler(asyncio.Protocol):
             return
         self.resume_reading()
 
+    async def _allocate(self, message: AllocateClientIdRequest) -> None:
+        """Answer an AllocateClientId: a fresh ID, bound to this connection's identity on a
+        mutual-TLS port (within its quota), or an error saying why not."""
+        q = message.req_id
+        if self._bindings is None:
+            self._error(q, ErrorCode.BAD_REQUEST, "this server does not allocate client IDs")
+            return
+        if self._allocations >= MAX_ALLOCATIONS_PER_CONNECTION:
+            self._on_error("limit")
+            self._error(
+                q,
+                ErrorCode.LIMIT_EXCEEDED,
+                f"this connection has asked for {self._allocations} client IDs (at most "
+                f"{MAX_ALLOCATIONS_PER_CONNECTION} a connection)",
+            )
+            return
+        try:
+            client_id = await self._bindings.allocate(self.identity)
+        except ClientIdRefused as e:
+            self._allocations += 1
+            self._on_error("limit")
+            self._error(q, ErrorCode.LIMIT_EXCEEDED, str(e))
+            return
+        except (ZooKeeperUnavailable, ClusterError, KazooException) as e:
+            # Not counted: the client asks again once the server reaches ZooKeeper.
+            self._error(q, ErrorCode.NOT_READY, f"cannot allocate a client ID now: {describe(e)}")
+            return
+        self._allocations += 1
+        if self.identity is not None:
+            self._proven.add(client_id)  # bound to this identity just now
+        self.send(ClientIdAllocated(q, client_id).encode())
+
     # --- dispatch -----------------------------------------------------------------------
 
-    def _allows(self, partition_id: int, access: Access) -> bool:
-        policy = self._access()
+    def _allows(self, policy: AccessPolicy, partition_id: int, access: Access) -> bool:
         if policy is not self._access_seen:
             self._access_seen = policy
             self._allowed.clear()
@@ -415,7 +502,11 @@ class ClientConnectionHandler(asyncio.Protocol):
     def _dispatch(self, message: ClientMessage) -> None:
         q = message.req_id
         access = required_access(message)
-        if not self._allows(q.partition_id, access):
+        policy = self._access()
+        if policy is None:
+            self._not_ready(message)
+            return
+        if not self._allows(policy, q.partition_id, access):
             self._on_error("forbidden")
             self._error(q, ErrorCode.FORBIDDEN, refusal(self.identity, q.partition_id, access))
             return
@@ -431,7 +522,7 @@ class ClientConnectionHandler(asyncio.Protocol):
                 if partition is None:
                     self.send(MountResponse(q, MountStatus.NOT_OWNER).encode())
                     return
-                if self._feeds_full(q, partition):
+                if self._feeds_full(q, partition, message):
                     return
                 self.feeds.add(message)  # holds its place while queued
                 partition.submit(self, message)
@@ -443,23 +534,35 @@ class ClientConnectionHandler(asyncio.Protocol):
             case FeedRequest():
                 if partition is None:
                     self._error(q, ErrorCode.NOT_OWNER, "this server does not own the partition")
-                elif not self._feeds_full(q, partition):
+                elif not self._feeds_full(q, partition, message):
                     partition.subscribe(self, q, message.client_high_water_mark)
             case TransactionDataRequest() | HighWaterMarkRequest() | ReadRangeRequest():
                 self._start_read(partition, message)
 
-    def _feeds_full(self, q, partition: Partition) -> bool:
+    def _not_ready(self, message: ClientMessage) -> None:
+        """The server has not read the access policy yet (it is starting): nobody is
+        refused on a policy not yet known; the client is told to retry (NOT_READY). An
+        append is dropped, as one for a partition not owned here: it cannot follow a
+        Mount on this connection, and the client's next Mount settles it."""
+        self._on_error("not_ready")
+        if not isinstance(message, AppendRequest):
+            self._error(
+                message.req_id,
+                ErrorCode.NOT_READY,
+                "the server is starting: it has not read the cluster's access policy yet",
+            )
+
+    def _feeds_full(self, q, partition: Partition, message: ClientMessage) -> bool:
         """Refuse (and say which limit) a feed or mount beyond this connection's or the
-        partition's cap: each costs a task, and every commit wakes them all."""
+        partition's cap: each costs a task, and every commit wakes them all. A Mount let
+        in holds its partition slot from here, while it waits in the queue."""
         if len(self.feeds) >= self.limits.max_feeds:
             why = f"this connection has {len(self.feeds)} feeds and mounts (max_feeds)"
-        elif len(partition.subscriptions) >= partition.settings.max_feeds:
-            why = (
-                f"partition {partition.partition_id} has {len(partition.subscriptions)} feeds "
-                f"and mounts (its maximum)"
-            )
         else:
-            return False
+            refusal = partition.feed_refusal(self, message)
+            if refusal is None:
+                return False
+            why = refusal
         self._on_error("limit")
         self._error(q, ErrorCode.LIMIT_EXCEEDED, why)
         return True

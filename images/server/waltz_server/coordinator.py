@@ -22,7 +22,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from waltz_client.cluster.access import DENY_ALL, AccessPolicy
-from waltz_client.cluster.acl import ZkCredential, adopt_cluster_acl
+from waltz_client.cluster.acl import ZkCredential, adopt_cluster_acl, readopt_open_acl
 from waltz_client.cluster.admin import read_assignment, read_params
 from waltz_client.cluster.metadata import (
     ClusterParams,
@@ -192,6 +192,7 @@ class ServerCoordinator:
     def _register(self) -> None:
         path = self.paths.server(self.registration.server_id)
         data = self.registration.encode()
+        readopt_open_acl(self.zk, self.paths.root)  # the cluster may have been secured since
         self.zk.ensure_path(self.paths.servers)
         try:
             self.zk.create(path, data, ephemeral=True)
@@ -389,23 +390,6 @@ class ServerCoordinator:
         if isinstance(checked, Exception) or isinstance(written, Exception):
             raise MetadataConflict(f"writing {path} failed: {checked!r}, {written!r}")
         return written.version
-
-    async def bind_client(self, client_id: int, identity: str) -> str:
-        """The identity ``client_id`` is bound to: ``identity`` if this is the ID's first
-        use (the binding is created, atomically: the first user wins), else the one
-        recorded."""
-        path = self.paths.client_binding(client_id)
-        zk = self.zk
-
-        def bind() -> str:
-            try:
-                zk.create(path, identity.encode(), makepath=True)
-                return identity
-            except NodeExistsError:
-                data, _ = zk.get(path)
-                return data.decode(errors="replace")
-
-        return await self._run(bind)
 
     async def read_assignment(self) -> ReplicaAssignment:
         assignment, _ = await self._run(read_assignment, self.zk, self.paths.root)

@@ -35,9 +35,15 @@ def build_app(server: WaltzServer) -> web.Application:
         return web.json_response(body, status=200 if ok else 503)
 
     async def readyz(_: web.Request) -> web.Response:
-        """Ready: registered in ZooKeeper and listening (partitions may still recover)."""
-        ready = server.coordinator.connected
-        body = {"ready": ready, "server_id": server.coordinator.registration.server_id}
+        """Ready: listening, registered in ZooKeeper and the access policy read (partitions
+        may still recover). Before the policy is read, requests answer NOT_READY."""
+        ready = server.ready
+        body = {
+            "ready": ready,
+            "server_id": server.coordinator.registration.server_id,
+            "zookeeper_connected": server.coordinator.connected,
+            "access_policy_read": server.access_policy is not None,
+        }
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(_: web.Request) -> web.Response:

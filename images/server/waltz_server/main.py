@@ -70,10 +70,10 @@ async def serve(config: ServerConfig) -> int:
         config.zk_root,
         describe_loops(),
     )
-    started = loop.create_task(coordinator.start())
-    done, _ = await asyncio.wait(
-        {started, loop.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
-    )
+    started = loop.create_task(_ready(coordinator, server))
+    stopping = loop.create_task(stop.wait())
+    done, _ = await asyncio.wait({started, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
     if started in done:
         started.result()
         log.info(
@@ -93,6 +93,22 @@ async def serve(config: ServerConfig) -> int:
     await coordinator.stop()
     await runner.cleanup()
     return 0
+
+
+async def _ready(coordinator: ServerCoordinator, server: WaltzServer) -> None:
+    """Registered and following ZooKeeper, and the access policy read: the ready file
+    (and /readyz) say so only then. Until the policy is read, requests answer NOT_READY
+    (an unreadable policy keeps the server there: it refuses to guess)."""
+    await coordinator.start()
+    polls = 0
+    while server.access_policy is None:  # its watch reports through the loop, soon
+        polls += 1
+        if polls == 100:  # 5 s: say why this server is not ready
+            log.warning(
+                "still waiting for a readable access policy at %s; requests answer NOT_READY",
+                coordinator.paths.access,
+            )
+        await asyncio.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,6 +50,7 @@ from waltz_client.wire.storage_client import StorageClient
 from .caches import DataCache, FeedCache
 from .catch_up import CatchUp
 from .feed import ClientConnection, State, Subscription
+from .feed_slots import FeedSlots
 from .partition_core import Ignored, LockConflict, PartitionCore, Resolved
 from .recovery import OwnSession
 from .recovery_manager import AssignmentChanged, RecoveryContext, Superseded, start_session
@@ -119,6 +120,8 @@ class Partition:
         self._active = asyncio.Event()
         # Ordered (a dict, not a set), so that feeds are woken in a deterministic order.
         self.subscriptions: dict[Subscription, None] = {}
+        # The cap on feeds and mounts, queued Mounts included (feed_slots.py says why).
+        self.slots = FeedSlots(settings.max_feeds)
         self._tasks: list[asyncio.Task] = []
         self._catch_ups: dict[str, CatchUp] = {}  # lagging replicas copied in the background
         self._boundary: asyncio.Future[str] | None = None  # a planned session end, and why
@@ -157,6 +160,7 @@ class Partition:
             if not sub.connection.closed:
                 sub.connection.send(FeedSuspended(sub.req_id, reason).encode())
         self.subscriptions.clear()
+        self.slots.clear()
         for conn in self._paused:
             conn.resume_reading()
         self._paused.clear()
@@ -404,6 +408,20 @@ class Partition:
 
     # --- the append task --------------------------------------------------------------
 
+    def feed_refusal(self, connection: ClientConnection, message: object) -> str | None:
+        """Why a Feed or Mount must be refused (this partition's cap), or None. A Mount
+        let in holds its slot from now (``submit`` it next); a Feed takes one when
+        ``subscribe`` follows."""
+        if isinstance(message, MountRequest):
+            if self.slots.mount_queued(message.req_id.client_id, connection):
+                return None
+        elif self.slots.room_for_feed():
+            return None
+        return (
+            f"partition {self.partition_id} has {self.slots.used} feeds and mounts "
+            f"(max_feeds_per_partition {self.slots.cap})"
+        )
+
     def submit(self, connection: ClientConnection, message: object) -> None:
         """Queue an append, mount or flush; stop reading the connection while full."""
         self._queue.append((connection, message))
@@ -493,6 +511,7 @@ class Partition:
         connection.feeds.discard(m)  # its place, held while queued, goes to its feed
         gone = self.truncated_for(m.client_high_water_mark + 1)
         if gone is not None:
+            self.slots.mount_ran(q.client_id, connection, None)
             connection.send(ErrorResponse(q, ErrorCode.TRUNCATED, gone).encode())
             return
         sub = Subscription(self, connection, q, m.client_high_water_mark, mounted=True)
@@ -500,10 +519,12 @@ class Partition:
             q, m.connection_seq, connection, sub, MountResponse(q, MountStatus.READY).encode()
         )
         if status != MountStatus.READY:
+            self.slots.mount_ran(q.client_id, connection, None)
             sub.task.cancel()
             connection.send(MountResponse(q, status).encode())
             return
         connection.mark_mounted(q.client_id, self.partition_id, m.connection_seq)
+        self.slots.mount_ran(q.client_id, connection, sub)  # the slot passes to the new feed
         if isinstance(previous, Subscription):  # the client's earlier mount of this partition
             self._drop(previous)
         self.subscriptions[sub] = None
@@ -563,6 +584,7 @@ class Partition:
         sub = Subscription(self, connection, req_id, client_hwm, mounted)
         self.subscriptions[sub] = None
         connection.feeds.add(sub)
+        self.slots.feed_started(sub)
         return sub
 
     def _drop(self, sub: Subscription) -> None:
@@ -570,6 +592,7 @@ class Partition:
         self.subscriptions.pop(sub, None)
         sub.connection.feeds.discard(sub)
         self.core.feed_ended(sub)
+        self.slots.feed_ended(sub)
 
     def end_truncated(self, sub: Subscription, reason: str) -> None:
         """A feed whose next transaction is below the log start: it can never go on."""
@@ -583,6 +606,7 @@ class Partition:
         self.subscriptions.pop(sub, None)
         sub.connection.feeds.discard(sub)
         self.core.feed_ended(sub)
+        self.slots.feed_ended(sub)
         if not sub.connection.closed:
             try:
                 sub.connection.send(FeedSuspended(sub.req_id, reason).encode())
@@ -599,6 +623,7 @@ class Partition:
             self._drop(sub)
         self._paused.pop(connection, None)
         self.core.connection_closed(connection)
+        self.slots.connection_closed(connection)  # its Mounts still queued never run
 
     async def _storage_read(self, call: Awaitable[T]) -> T:
         """A read from a storage node, within ``storage_timeout``: a wedged node must not

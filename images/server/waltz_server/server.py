@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from waltz_client.cluster.access import DENY_ALL, AccessPolicy
 from waltz_client.cluster.metadata import ReplicaAssignment
+from waltz_client.listener import listen
 from waltz_client.peer_limits import PeerGuard, peer_limits_of
 from waltz_client.tasks import spawn
 from waltz_client.tls import TlsContexts, tls_open_connection
@@ -24,6 +26,7 @@ from .connection import ClientConnectionHandler, ConnectionLimits
 from .coordinator import ServerCoordinator
 from .memory_budget import PartitionBounds, partition_bounds
 from .metrics import ServerMetrics
+from .ownership import assigner
 from .partition import Partition, PartitionSettings
 from .recovery_manager import RecoveryContext
 from .storage_pool import StoragePool
@@ -42,13 +45,16 @@ class WaltzServer:
             max_read_bytes=config.max_read_bytes_per_connection,
             peer=peer_limits_of(config),
         )
-        self.guard = PeerGuard(self.connection_limits.peer, "handshake")
-        # With client certificates, each client ID belongs to one identity.
-        self.bindings = (
-            ClientBindings(coordinator.bind_client)
-            if config.tls.enabled and config.tls.verify_peer
-            else None
+        # Ready: the hello and a first request done (a Mount, or a read).
+        self.guard = PeerGuard(self.connection_limits.peer, "first request", config.max_frame_bytes)
+        # Client IDs: allocated here; with client certificates, each belongs to one identity.
+        self.bindings = ClientBindings(
+            lambda: coordinator._zk if coordinator.connected else None,
+            config.zk_root,
+            quota=config.client_id_quota,
+            retention=config.client_id_retention,
         )
+        self._client_ids: asyncio.Task | None = None
         self.metrics = ServerMetrics(self)
         self.partition_settings = PartitionSettings(
             lock_table_size=config.lock_table_size,
@@ -95,14 +101,19 @@ class WaltzServer:
     async def listen(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         tls = self.config.tls
-        self._listener = await loop.create_server(
+        # Each connection counts from accept, before its TLS handshake (waltz_client.listener).
+        context = TlsContexts(tls, listening=True).listening_context() if tls.enabled else None
+        self._listener = await listen(
             self._new_connection,
             host,
             port,
-            reuse_address=True,
-            ssl=TlsContexts(tls, listening=True).listening_context() if tls.enabled else None,
+            ssl_context=context,
+            handshake_timeout=self.connection_limits.peer.handshake_timeout,
         )
         self._reconciler = loop.create_task(self._reconcile_loop())
+        self._client_ids = loop.create_task(
+            self.bindings.maintain(self._client_ids_in_use, self._sweeps_client_ids)
+        )
         self.guard.start()
         return self._listener.sockets[0].getsockname()[1]
 
@@ -117,7 +128,7 @@ class WaltzServer:
             self.guard,
             self.connection_limits,
             self.bindings,
-            lambda: self.coordinator.access,
+            lambda: self.access_policy,
         )
         self.metrics.connections.inc()
         return conn
@@ -127,6 +138,22 @@ class WaltzServer:
             partition = self.partitions.get(p)
             if partition is not None:
                 partition.disconnect(conn)
+
+    # --- readiness ----------------------------------------------------------------------
+
+    @property
+    def access_policy(self) -> AccessPolicy | None:
+        """The cluster's access policy, or None until this server has read it once. The
+        client port opens before ZooKeeper is reached (its registration names the bound
+        port); meanwhile the coordinator holds DENY_ALL, and requests are told to retry
+        (NOT_READY) rather than refused (FORBIDDEN) on a policy nobody wrote."""
+        policy = self.coordinator.access
+        return None if policy is DENY_ALL else policy
+
+    @property
+    def ready(self) -> bool:
+        """Registered in ZooKeeper, and the access policy read: requests get answers."""
+        return self.coordinator.connected and self.access_policy is not None
 
     # --- ownership ----------------------------------------------------------------------
 
@@ -258,9 +285,25 @@ class WaltzServer:
             partition.feed_cache.resize(self.bounds.feed_cache_bytes)
             partition.data_cache.resize(self.bounds.data_cache_bytes)
 
+    def _client_ids_in_use(self) -> set[tuple[int, str]]:
+        """(client ID, identity) of every ID a connection with a certificate uses."""
+        return {
+            (client_id, c.identity)
+            for c in self.connections
+            if c.identity is not None
+            for client_id in c.client_ids_in_use
+        }
+
+    def _sweeps_client_ids(self) -> bool:
+        """One server releases unused client IDs: the assigner (the lowest live ID)."""
+        c = self.coordinator
+        return c.connected and assigner(c.live_servers) == c.registration.server_id
+
     async def close(self) -> None:
         if self._reconciler is not None:
             self._reconciler.cancel()
+        if self._client_ids is not None:
+            self._client_ids.cancel()
         await self.guard.stop()
         if self._listener is not None:
             self._listener.close()

@@ -172,6 +172,7 @@ class StorageConfig:
     zk_tls_key: str
     zk_tls_ca: str
     max_connections: int
+    max_connections_per_address: int
     handshake_timeout: float
     partial_frame_timeout: float
     partial_frames_max_bytes: int

@@ -9,10 +9,14 @@ unsent responses exceed a limit (a peer that does not read), or while the frames
 partly received on all connections together exceed a budget; frames it has already
 received wait, undispatched, until it reads again.
 
-Bounds against a hostile or broken peer: a connection cap; small frames until Open
-has checked the cluster key; a deadline for the handshake and Open; a deadline for
-finishing a frame once it has started (slow-loris). A queued read counts as the
-largest response it may produce, so unread replies cannot pile up.
+Bounds against a hostile or broken peer (``waltz_client.peer_limits``): a connection
+cap and a cap per address, counted from accept, before the TLS handshake; a
+connection not yet opened gives up its slot to a newcomer at either cap, so strangers
+cannot lock servers out; small frames until Open has checked the cluster key; a
+deadline for the TLS handshake, the hello and Open; a deadline for finishing a frame
+once it has started (slow-loris); a failed Open on an opened connection closes it. A
+queued read counts as the largest response it may produce, so unread replies cannot
+pile up.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from waltz_client.listener import listen
 from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
 from waltz_client.peer_warnings import PeerWarnings
 from waltz_client.tls import TlsContexts, identity_allowed, peer_identity
@@ -235,27 +240,36 @@ class StorageConnection(asyncio.Protocol):
         # requests, and they wait here (the socket unread) while something says stop.
         self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
         self._frame = FrameProgress(server.guard, self)
-        self.connected_at = time.monotonic()
+        self.connected_at = time.monotonic()  # accepted (the listener makes us then)
         self.peer = "?"
+        self.address = "?"
+        self._counted = False  # holds a slot of the guard
+        self._accepted: asyncio.BaseTransport | None = None  # the TCP transport, TLS or not
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+    def accepted(self, transport: asyncio.BaseTransport) -> bool:
+        """The TCP connection is up (before any TLS handshake): take a slot, or refuse."""
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.address = str(peer[0]) if peer else "?"
         server = self._server
-        if not server.guard.admit(self):
+        refusal = server.guard.admit(self)
+        if refusal is not None:
             server.node.metrics.errors.labels("CONNECTION_LIMIT").inc()
-            peer_warnings.warning(
-                "refusing connection from %s: %d connections open (max_connections)",
-                self.peer,
-                len(server.guard.connections),
-            )
-            self._transport = None
+            peer_warnings.warning("refusing connection from %s: %s", self.peer, refusal)
+            return False
+        self._counted = True
+        self._accepted = transport
+        server.node.metrics.connections.inc()
+        return True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._counted and not self.accepted(transport):
             transport.abort()
             return
-        server.node.metrics.connections.inc()
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        server = self._server
         if self._settings.tls is not None and self._settings.tls.files.verify_peer:
             identity = peer_identity(transport)
             if not identity_allowed(identity, self._settings.allowed_peers):
@@ -274,9 +288,15 @@ class StorageConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._accepted = None
         self._backlog.clear()
         self._server.waiting.pop(self, None)
-        self._server.guard.forget(self, self._frame.partial)
+        if self._counted:
+            self._server.guard.forget(self, self._frame.partial)
+        # The partial frame goes now, not when the cyclic collector finds this object
+        # (it and its FrameProgress refer to each other).
+        self._decoder = None
+        self._hello = bytearray()
 
     def pause_writing(self) -> None:
         self._write_blocked = True
@@ -331,11 +351,13 @@ class StorageConnection(asyncio.Protocol):
         return self._transport is None
 
     def close_for(self, reason: str) -> None:
-        """Drop a connection that broke a deadline."""
+        """Drop a connection that broke a deadline or gave its slot up (perhaps still in
+        its TLS handshake)."""
         self._server.node.metrics.errors.labels("TIMEOUT").inc()
         peer_warnings.warning("closing connection from %s: %s", self.peer, reason)
-        if self._transport is not None:
-            self._transport.abort()
+        transport = self._transport or self._accepted
+        if transport is not None:
+            transport.abort()
 
     def eof_received(self) -> bool:
         """The peer finished sending: a partial frame left in the buffer is a malformed one."""
@@ -414,11 +436,21 @@ class StorageConnection(asyncio.Protocol):
         self._server.count_request(type(request))
         if isinstance(request, OpenRequest):
             response = self._server.node.check_open(request)
-            if not self._opened and not isinstance(response, FailureResponse):
+            failed = isinstance(response, FailureResponse)
+            if not self._opened and not failed:
                 self._opened = True
+                self._server.guard.ready(self)  # its slot is its own from now on
                 assert self._decoder is not None
                 self._decoder.max_frame_bytes = self._settings.max_frame_bytes
             self._send(response)
+            if failed and self._opened:
+                # Opened once, then an Open that fails: not the peer it was; say why, close.
+                peer_warnings.warning(
+                    "closing connection from %s: a second Open failed (%s)",
+                    self.peer,
+                    response.error.name,
+                )
+                self._close_after_send()
             return
         if not self._opened:
             self._send_failure(
@@ -490,15 +522,19 @@ class StorageConnection(asyncio.Protocol):
             FailureResponse(request.session_id, request.seq, request.partition_id, error, message)
         )
 
+    def _close_after_send(self) -> None:
+        """Close once what was written has gone, and read nothing more meanwhile."""
+        if self._transport is not None:
+            self._transport.close()
+        self._decoder = FrameDecoder(self._settings.max_frame_bytes)  # drop buffered input
+        self._backlog.clear()
+
     def _reject(self, reason: str) -> None:
         """A malformed frame: say why, then close this connection only."""
         self._server.node.metrics.errors.labels(StorageError.MALFORMED_REQUEST.name).inc()
         peer_warnings.warning("closing connection from %s: %s", self.peer, reason)
         self._send(FailureResponse(-1, -1, -1, StorageError.MALFORMED_REQUEST, reason))
-        if self._transport is not None:
-            self._transport.close()
-        self._decoder = FrameDecoder(self._settings.max_frame_bytes)  # drop buffered input
-        self._backlog.clear()
+        self._close_after_send()
 
 
 class StorageServer:
@@ -509,7 +545,7 @@ class StorageServer:
         self._worker: NodeWorker | None = None
         self._request_counters: dict[type, Any] = {}
         self._server: asyncio.Server | None = None
-        self.guard = PeerGuard(self.settings.peer, "successful Open")
+        self.guard = PeerGuard(self.settings.peer, "successful Open", self.settings.max_frame_bytes)
         # Bytes queued on all connections (reads counted as their largest reply), and the
         # connections that stopped reading because of it.
         self.queued_bytes = 0
@@ -563,12 +599,12 @@ class StorageServer:
         )
         self.serving = dict(self.node.partitions)
         tls = self.settings.tls
-        self._server = await asyncio.get_running_loop().create_server(
+        self._server = await listen(
             lambda: StorageConnection(self),
             host,
             port,
-            reuse_address=True,
-            ssl=tls.listening_context() if tls is not None else None,
+            ssl_context=tls.listening_context() if tls is not None else None,
+            handshake_timeout=self.settings.peer.handshake_timeout,
         )
         self.guard.start()
         return self._server.sockets[0].getsockname()[1]
@@ -587,8 +623,9 @@ class StorageServer:
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            if conn._transport is not None:
-                conn._transport.close()
+            transport = conn._transport or conn._accepted  # perhaps still in its TLS handshake
+            if transport is not None:
+                transport.close()
         if self._worker is not None:
             await self._worker.close()
         if self._server is not None:
