@@ -43,6 +43,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 def waltz(
     *args: str, env: dict[str, str] | None = None, preexec_fn=None, timeout: float = 30.0
 ) -> subprocess.CompletedProcess:
+    if args[:1] == ("create",) and not {"--zk-auth-file", "--zk-acl", "--zk-acl-cert"} & set(args):
+        args = (*args, "--insecure")  # these tests are about the commands, not the ACLs
     return subprocess.run(
         [sys.executable, "-m", "waltz_client.cli", "cluster", *args],
         capture_output=True,
@@ -233,6 +235,29 @@ def test_create_usage_errors_exit_2(cli) -> None:
 
 
 # --- reading --------------------------------------------------------------------------------
+
+
+def test_create_without_a_credential_or_insecure_is_refused(zookeeper, zk, zk_root) -> None:
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "waltz_client.cli", "cluster", "create"),
+            *("--zookeeper", zookeeper.connect_string, "--root", zk_root, *create_args()),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=30,
+    )
+    assert proc.returncode == 2, proc.stderr
+    line = error_line(proc)
+    assert "refusing to create metadata that anyone" in line and "--insecure" in line, line
+    assert zk.exists(zk_root) is None  # nothing written
+    both = waltz(
+        "create",
+        *("--zookeeper", zookeeper.connect_string, "--root", zk_root),
+        *create_args("--insecure", "--zk-acl", "x509:CN=a"),
+    )
+    assert both.returncode == 2 and "--insecure: not with" in error_line(both)
 
 
 def test_show_key_and_list(cli, zk, zookeeper, zk_root) -> None:

@@ -32,7 +32,7 @@ def test_a_short_smoke_run_passes_under_faults(tmp_path, zookeeper_available, tl
             "4",
             "--seed",
             "7",
-            *(["--tls"] if tls else []),
+            *([] if tls else ["--insecure"]),
         ],
         capture_output=True,
         text=True,

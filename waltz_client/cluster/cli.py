@@ -98,6 +98,12 @@ def register(groups: argparse._SubParsersAction) -> None:
         help="let the holder of this certificate write the metadata over ZooKeeper's TLS "
         "port (repeat; its subject DN as an x509 ACL)",
     )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="create the metadata with ZooKeeper's open ACL: anyone who reaches ZooKeeper "
+        "may change it (default: refused without --zk-auth-file or a writer)",
+    )
 
     p = command(
         "secure",
@@ -229,6 +235,8 @@ def _run(args: argparse.Namespace, func: Callable[[KazooClient, argparse.Namespa
         except ValueError as e:
             raise ValueError(f"--zookeeper: {e}") from None
         credential = credential_from_setting(args.zk_auth_file, "--zk-auth-file")
+        if func is cmd_create:
+            check_create_is_secured(args, credential is not None)
         tls = TlsFiles(args.zk_tls_cert or None, args.zk_tls_key or None, args.zk_tls_ca or None)
         if tls.enabled:
             tls.check("zk_tls", listening=False)
@@ -272,6 +280,21 @@ def _parse_storages(values: list[str]) -> tuple[list[str], dict[str, int]]:
 
 def _print_json(doc: object) -> None:
     print(json.dumps(doc, indent=2, sort_keys=True))
+
+
+def check_create_is_secured(args: argparse.Namespace, has_credential: bool) -> None:
+    """Metadata anyone may write only when asked for (``--insecure``): whoever can write
+    it can move partitions, change the replica assignment and the access policy."""
+    writers = bool(args.zk_acl or args.zk_acl_cert)
+    if args.insecure and (has_credential or writers):
+        raise ValueError("--insecure: not with --zk-auth-file, --zk-acl or --zk-acl-cert")
+    if not (args.insecure or has_credential or writers):
+        raise ValueError(
+            "refusing to create metadata that anyone who reaches ZooKeeper may change: "
+            "give --zk-auth-file FILE (user:password on its first line; the servers and "
+            "admins use the same file), --zk-acl SCHEME:ID or --zk-acl-cert PEM, or "
+            "--insecure for an open ACL (waltz cluster secure adds one later)"
+        )
 
 
 def cmd_create(zk: KazooClient, args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from .. import event_loop
 from ..callbacks import WaltzClientCallbacks
 from ..client import SubmitStatus, WaltzClient
 from ..config import WaltzClientConfig
+from ..local.cli import add_security_flags
 from ..local.cluster import LocalCluster
 from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
 from .common import check_at_least_one, fresh_cluster, open_loop
@@ -37,7 +38,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=0.0, help="open loop: tx/s (default closed)")
     p.add_argument("--lock-pool", type=int, default=0, help="write locks drawn from N ids")
     p.add_argument("--consumers", type=int, default=1, help="catch-up consumers (default 1)")
-    p.add_argument("--tls", action="store_true", help="mutual TLS, and ZooKeeper ACLs")
+    add_security_flags(p)  # mutual TLS and ZooKeeper ACLs unless --insecure
     c = p.add_argument_group(
         "--compare",
         "a closed-loop sweep instead (docs/benchmarks.md): writes/s at each concurrency for "
@@ -228,7 +229,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.size < 0 or args.rate < 0 or args.lock_pool < 0:
         print("waltz bench: error: --size, --rate and --lock-pool must not be negative")
         return 2
-    cluster = fresh_cluster(args.data_dir, args.partitions, 1, [], tls=args.tls)
+    cluster = fresh_cluster(args.data_dir, args.partitions, 1, [], tls=not args.insecure)
     print(f"starting a local cluster: 3 storage nodes, 1 server, {args.partitions} partitions")
     cluster.start()
     try:

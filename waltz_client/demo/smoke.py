@@ -27,6 +27,7 @@ from .. import event_loop
 from ..callbacks import WaltzClientCallbacks
 from ..client import SubmitStatus, WaltzClient
 from ..config import WaltzClientConfig
+from ..local.cli import add_security_flags
 from ..local.cluster import LocalCluster
 from ..local.verify import converged_digests
 from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
@@ -44,7 +45,7 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--lock-pool", type=int, default=50, help="distinct write locks")
     p.add_argument("--fault-every", type=float, default=3.0, help="seconds between faults")
     p.add_argument("--seed", type=int, default=1, help="fault schedule and workload seed")
-    p.add_argument("--tls", action="store_true", help="mutual TLS, and ZooKeeper ACLs")
+    add_security_flags(p)  # mutual TLS and ZooKeeper ACLs unless --insecure
     p.set_defaults(func=cmd_smoke)
 
 
@@ -321,7 +322,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         args.partitions,
         2,
         [*FAST_FAILOVER, "--storage-timeout", "2"],
-        tls=args.tls,
+        tls=not args.insecure,
     )
     say(f"starting a local cluster in {cluster.data_dir}")
     cluster.start(say)

@@ -73,6 +73,7 @@ from ..cluster import admin
 from ..cluster.retention import RetentionRule
 from ..cluster.zk import close
 from ..config import WaltzClientConfig
+from ..local.cli import add_security_flags
 from ..local.cluster import HOST, LocalCluster
 from ..local.processes import DaemonProcess
 from ..settings import parse_size
@@ -157,7 +158,7 @@ def register(groups: argparse._SubParsersAction) -> None:
         metavar="ARG",
         help="passed to every server (repeat; e.g. --server-arg=--feed-cache-bytes=4MiB)",
     )
-    p.add_argument("--tls", action="store_true", help="mutual TLS, and ZooKeeper ACLs")
+    add_security_flags(p)  # mutual TLS and ZooKeeper ACLs unless --insecure
     p.add_argument(
         "--json",
         nargs="?",
@@ -616,12 +617,13 @@ def cmd_soak(args: argparse.Namespace) -> int:
             str(args.retention_interval),
             *args.server_arg,
         ],
-        tls=args.tls,
+        tls=not args.insecure,
     )
     say(
         f"starting a local cluster in {cluster.data_dir}: ZooKeeper, 3 storage nodes "
         f"({args.segment_bytes / 2**20:g} MiB segments), {args.servers} server(s), "
-        f"{args.partitions} partitions x 3 replicas{', mutual TLS' if args.tls else ''}"
+        f"{args.partitions} partitions x 3 replicas, "
+        + ("plain text" if args.insecure else "mutual TLS")
     )
     cluster.start()
     logging.getLogger("waltz_client.client").addFilter(_BelowLogStart())
@@ -854,7 +856,7 @@ async def _soak(args, cluster: LocalCluster, zk, duration: float, out, say) -> d
             "max_growth_pct": args.max_growth_pct,
             "storage_args": args.storage_arg,
             "server_args": args.server_arg,
-            "tls": args.tls,
+            "tls": not args.insecure,
         },
         "machine": machine(),
         "processes": names,
