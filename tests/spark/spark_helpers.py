@@ -20,8 +20,15 @@ class Put(TransactionContext):
 
 
 def client(cluster) -> BlockingWaltzClient:
+    """A client of ``cluster`` (over TLS, to servers and ZooKeeper, on a TLS cluster)."""
     return BlockingWaltzClient(
-        WaltzClientConfig(cluster.zookeeper_connect, cluster.layout.root, feed=False)
+        WaltzClientConfig(
+            cluster.zookeeper_connect,
+            cluster.layout.root,
+            feed=False,
+            tls=cluster.client_tls,
+            zk_tls=cluster.client_zk_tls,
+        )
     )
 
 

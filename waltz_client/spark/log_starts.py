@@ -31,7 +31,11 @@ class LogStarts:
     def read(self, partitions: Iterable[int]) -> dict[int, int]:
         """partition -> its log start (0 for a partition without metadata yet)."""
         if self._zk is None:
-            self._zk = connect(self.options.zookeeper, timeout=self.options.request_timeout)
+            self._zk = connect(
+                self.options.zookeeper,
+                timeout=self.options.request_timeout,
+                tls=self.options.zk_tls,
+            )
         # All the reads under way at once: one round trip however many partitions.
         pending = {p: self._zk.get_async(self._paths.partition(p)) for p in partitions}
         starts = {}

@@ -41,6 +41,7 @@ class ReadOptions:
     fetch_bytes: int = 16 * 1024 * 1024
     fetch_in_flight: int = 4  # range-read requests under way at once, per task
     tls: TlsFiles | None = None  # reach servers over TLS (files on every executor)
+    zk_tls: TlsFiles | None = None  # reach ZooKeeper's TLS port (a CA alone will do)
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,20 @@ class WriteOptions:
     request_timeout: float = 30.0
     max_in_flight: int = 1000
     tls: TlsFiles | None = None
+    zk_tls: TlsFiles | None = None
 
 
-_COMMON = ("zookeeper", "zkroot", "requesttimeout", "tlscert", "tlskey", "tlsca")
+_COMMON = (
+    "zookeeper",
+    "zkroot",
+    "requesttimeout",
+    "tlscert",
+    "tlskey",
+    "tlsca",
+    "zktlscert",
+    "zktlskey",
+    "zktlsca",
+)
 _READ = (
     *_COMMON,
     "partitions",
@@ -84,6 +96,9 @@ _SPELLING = {
         "tlsCert",
         "tlsKey",
         "tlsCa",
+        "zkTlsCert",
+        "zkTlsKey",
+        "zkTlsCa",
         "partitions",
         "startingOffsets",
         "endingOffsets",
@@ -149,6 +164,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         fetch_bytes=_integer(given, "fetchbytes", 1024, ReadOptions.fetch_bytes, 2**30),
         fetch_in_flight=_integer(given, "fetchinflight", 1, ReadOptions.fetch_in_flight, 64),
         tls=_tls(given),
+        zk_tls=_tls(given, "zkTls"),
     )
 
 
@@ -184,6 +200,7 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool) -> Write
         request_timeout=_seconds(given, "requesttimeout", WriteOptions.request_timeout),
         max_in_flight=_integer(given, "maxinflight", 1, WriteOptions.max_in_flight, 100_000),
         tls=_tls(given),
+        zk_tls=_tls(given, "zkTls"),
     )
 
 
@@ -236,21 +253,24 @@ def _lower(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]
     return given
 
 
-def _tls(given: dict[str, str]) -> TlsFiles | None:
-    """tlsCert, tlsKey, tlsCa: PEM files (on the driver and every executor), as the
-    client library's WaltzClientConfig.tls."""
+def _tls(given: dict[str, str], prefix: str = "tls") -> TlsFiles | None:
+    """tlsCert, tlsKey, tlsCa (or zkTlsCert, zkTlsKey, zkTlsCa): PEM files (on the driver
+    and every executor), as the client library's WaltzClientConfig.tls (zk_tls)."""
+    key = prefix.lower()
     files = TlsFiles(
-        given.get("tlscert") or None, given.get("tlskey") or None, given.get("tlsca") or None
+        given.get(f"{key}cert") or None,
+        given.get(f"{key}key") or None,
+        given.get(f"{key}ca") or None,
     )
     if not files.enabled:
         return None
     try:
         files.check("tls", listening=False)
     except TlsError as e:
-        # "setting tls_cert: ..." -> "tlsCert: ..."
+        # "setting tls_cert: ..." -> "tlsCert: ..." (or "zkTlsCert: ...")
         message = str(e).removeprefix("setting ")
         for name in ("cert", "key", "ca"):
-            message = message.replace(f"tls_{name}", "tls" + name.capitalize())
+            message = message.replace(f"tls_{name}", prefix + name.capitalize())
         raise WaltzOptionError(message) from None
     return files
 

@@ -30,6 +30,7 @@ def client_config(options: ReadOptions | WriteOptions) -> WaltzClientConfig:
         request_timeout=options.request_timeout,
         feed=False,
         tls=options.tls,
+        zk_tls=options.zk_tls,
     )
 
 
@@ -40,7 +41,13 @@ _clients_lock = threading.Lock()
 def shared_client(options: ReadOptions) -> BlockingWaltzClient:
     """One client per cluster for the whole Python worker: Spark reuses its workers, and
     a client costs a ZooKeeper session and a connection to each server to set up."""
-    key = (options.zookeeper, options.zk_root, options.request_timeout, options.tls)
+    key = (
+        options.zookeeper,
+        options.zk_root,
+        options.request_timeout,
+        options.tls,
+        options.zk_tls,
+    )
     with _clients_lock:
         client = _clients.get(key)
         if client is None or client.client.closed:
