@@ -292,9 +292,12 @@ def _secrets(spec: ClusterSpec, component: str) -> tuple[dict[str, str], list, l
             env.update(_tls_paths(f"{prefix}STORAGE_TLS_", TLS_DIR))
     if spec.https_metrics:
         env[f"{prefix}HTTP_TLS"] = "true"
-    if spec.zk_tls_secret:
+    if spec.zk_tls_secret and spec.zk_tls_client_certificate:
         mount("zk-tls", spec.zk_tls_secret, ZK_TLS_DIR)
         env.update(_tls_paths(f"{prefix}ZK_TLS_", ZK_TLS_DIR))
+    elif spec.zk_tls_secret:  # only a CA: verify ZooKeeper, present no certificate
+        mount("zk-tls", spec.zk_tls_secret, ZK_TLS_DIR, [{"key": "ca.crt", "path": "ca.crt"}])
+        env[f"{prefix}ZK_TLS_CA"] = f"{ZK_TLS_DIR}/ca.crt"
     if spec.zk_credential_secret and component == "server":  # storage nodes only read
         items = [{"key": ZK_AUTH_KEY, "path": ZK_AUTH_KEY}]
         mount("zk-auth", spec.zk_credential_secret, ZK_AUTH_DIR, items)

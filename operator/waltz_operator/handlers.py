@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,8 @@ class OperatorConfig:
     delete_timeout: float = 300.0
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080  # None: no metrics endpoint
+    # HTTPS for /metrics and /healthz (the system PKI's certificate); None: plain HTTP.
+    metrics_ssl: ssl.SSLContext | None = None
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     # Filled at start-up:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
@@ -90,10 +93,13 @@ async def serve_http(config: OperatorConfig) -> None:
         return
     config.runner = web.AppRunner(config.metrics.app())
     await config.runner.setup()
-    site = web.TCPSite(config.runner, config.metrics_host, config.metrics_port)
+    site = web.TCPSite(
+        config.runner, config.metrics_host, config.metrics_port, ssl_context=config.metrics_ssl
+    )
     await site.start()
     port = config.runner.addresses[0][1]
-    config.metrics_url = f"http://{config.metrics_host}:{port}/metrics"
+    scheme = "https" if config.metrics_ssl is not None else "http"
+    config.metrics_url = f"{scheme}://{config.metrics_host}:{port}/metrics"
     log.info("metrics on %s", config.metrics_url)
 
 

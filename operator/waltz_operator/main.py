@@ -12,6 +12,11 @@ With ``--leader-lease NAME`` (or ``$WALTZ_LEADER_LEASE``; the chart sets it) sev
 replicas run and the one holding that Lease reconciles (leader.py); the others serve
 /healthz and wait. A leader that loses the Lease exits 1 at once, and its pod restarts
 as a candidate.
+
+With ``--system-pki PREFIX`` (the chart sets it) every replica keeps the chart's own CA
+and certificates in Secrets ``PREFIX-*`` of its namespace (system_pki.py): one for the
+bundled ZooKeeper named by ``--zookeeper-tls``, and one for its own HTTPS port
+(``--metrics-tls``, named for ``--operator-service``), at start-up and every hour.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import kopf
 from .handlers import OperatorConfig, register, serve_http
 from .kube import KubeApi, connection_from_environment
 from .leader import LeaderElector
+from .system_pki import SystemNames
+from .system_tls import SystemTls
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +94,58 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("POD_NAME") or socket.gethostname(),
         help="this replica's name as the Lease's holder (default $POD_NAME)",
     )
+    p.add_argument(
+        "--system-pki",
+        metavar="PREFIX",
+        default=os.environ.get("WALTZ_SYSTEM_PKI") or None,
+        help="keep the chart's CA and certificates in Secrets PREFIX-* of the operator's "
+        "namespace (default $WALTZ_SYSTEM_PKI; none: no system PKI)",
+    )
+    p.add_argument(
+        "--zookeeper-tls",
+        metavar="NAME",
+        default="",
+        help="issue a server certificate for the bundled ZooKeeper NAME (its Services NAME "
+        "and NAME-headless); needs --system-pki",
+    )
+    p.add_argument(
+        "--operator-service",
+        metavar="NAME",
+        default="",
+        help="the operator's Service, named in its HTTPS certificate; needs --system-pki",
+    )
+    p.add_argument(
+        "--metrics-tls",
+        action="store_true",
+        help="serve /metrics and /healthz over HTTPS with the system PKI's certificate",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     return p
+
+
+def system_names(args: argparse.Namespace, scope: list[str] | None) -> SystemNames | None:
+    """The system PKI the arguments ask for (None: none); SystemExit says what is wrong."""
+    if not args.system_pki:
+        if args.zookeeper_tls or args.operator_service or args.metrics_tls:
+            raise SystemExit(
+                "waltz-operator: --zookeeper-tls, --operator-service and --metrics-tls need "
+                "--system-pki PREFIX (where the certificates are kept)"
+            )
+        return None
+    if args.metrics_tls and not args.operator_service:
+        raise SystemExit(
+            "waltz-operator: --metrics-tls needs --operator-service NAME (the name its "
+            "certificate is issued for)"
+        )
+    try:
+        return SystemNames(
+            args.system_pki,
+            lease_namespace(args, scope),
+            operator_service=args.operator_service,
+            zookeeper=args.zookeeper_tls,
+        )
+    except ValueError as e:
+        raise SystemExit(f"waltz-operator: {e}") from None
 
 
 def lease_namespace(args: argparse.Namespace, scope: list[str] | None) -> str:
@@ -106,6 +163,30 @@ def lease_namespace(args: argparse.Namespace, scope: list[str] | None) -> str:
 
 
 async def run(
+    config: OperatorConfig,
+    registry: kopf.OperatorRegistry,
+    scope: list[str] | None,
+    election: tuple[str, str, str] | None,
+    system: SystemNames | None = None,
+    metrics_tls: bool = False,
+) -> int:
+    """kopf, after winning the Lease if ``election`` (namespace, name, identity) is set;
+    the system PKI kept first if ``system`` is set (its certificate serves HTTPS)."""
+    if system is None:
+        return await _run(config, registry, scope, election)
+    kube = KubeApi(config.connection)
+    keeper = SystemTls(kube, system, config.reconcile.secret_dir)
+    try:
+        await keeper.start()
+        if metrics_tls:
+            config.metrics_ssl = keeper.listening_context()
+        return await _run(config, registry, scope, election)
+    finally:
+        await keeper.close()
+        await kube.close()
+
+
+async def _run(
     config: OperatorConfig,
     registry: kopf.OperatorRegistry,
     scope: list[str] | None,
@@ -190,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     kopf.configure(verbose=args.verbose)
+    try:
+        system = system_names(args, scope)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
     config = OperatorConfig(
         connection=connection,
         reconcile_interval=args.reconcile_interval,
@@ -207,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     registry = kopf.OperatorRegistry()
     register(registry, config)
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(run(config, registry, scope, election))
+        return asyncio.run(run(config, registry, scope, election, system, args.metrics_tls))
     return 0
 
 

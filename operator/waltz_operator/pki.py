@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,7 +264,23 @@ def plan(
     spec: ClusterSpec, secrets: Mapping[str, Mapping[str, Any] | None], now: datetime.datetime
 ) -> Plan:
     """What to write, given the Secrets by name as they are now (None: missing)."""
-    found = secrets.get(ca_secret(spec))
+    return plan_secrets(ca_secret(spec), ca_cert_secret(spec), profiles(spec), secrets, now)
+
+
+LeafCheck = Callable[[Profile, Mapping[str, Any] | None, Authority, datetime.datetime], str | None]
+
+
+def plan_secrets(
+    ca_name: str,
+    ca_cert_name: str,
+    leaf_profiles: tuple[Profile, ...],
+    secrets: Mapping[str, Mapping[str, Any] | None],
+    now: datetime.datetime,
+    check: LeafCheck = leaf_problem,
+) -> Plan:
+    """``plan`` for any CA Secret, published CA certificate and leaves (the operator's
+    own system PKI uses it too); ``check`` says why a leaf must be issued again."""
+    found = secrets.get(ca_name)
     action, reason, authority = None, "", None
     if found is None:
         action, reason = CREATE, "missing"
@@ -282,16 +298,16 @@ def plan(
             action,
             reason,
             publish=True,
-            leaves=tuple((p, f"the CA was {action}d") for p in profiles(spec)),
+            leaves=tuple((p, f"the CA was {action}d") for p in leaf_profiles),
         )
     assert authority is not None
-    published = secrets.get(ca_cert_secret(spec))
+    published = secrets.get(ca_cert_name)
     publish = published is None or (published.get("data") or {}).get("ca.crt") != _b64(
         authority.cert_pem
     )
     leaves = []
-    for profile in profiles(spec):
-        problem = leaf_problem(profile, secrets.get(profile.secret), authority, now)
+    for profile in leaf_profiles:
+        problem = check(profile, secrets.get(profile.secret), authority, now)
         if problem is not None:
             leaves.append((profile, problem))
     return Plan(publish=publish, leaves=tuple(leaves))

@@ -332,7 +332,9 @@ class Reconciler:
         statefulset = await self.kube.get("StatefulSet", ns, spec.storage_service)
         try:
             spec, events, mode_problem, https = await self._secure(spec, statefulset, live)
-            await self._resolve_access(spec, live)
+            access = await self._resolve_access(spec, live)
+            # A ZooKeeper TLS Secret with only ca.crt: the daemons get only the CA.
+            spec = replace(spec, zk_tls_client_certificate=access.tls_client_certificate)
         except ModeRefused as e:
             return self._stopped(body, "TlsModeRefused", str(e))
         except SecretProblem as e:  # it may appear later (cert-manager): look again soon

@@ -97,6 +97,9 @@ class ClusterSpec:
     network_policy: NetworkPolicySpec = NetworkPolicySpec()
     zk_auth_secret: str = ""  # Secret whose ``credential`` key holds user:password
     zk_tls_secret: str = ""  # kubernetes.io/tls Secret for ZooKeeper's TLS port
+    # Whether that Secret holds a client certificate besides ca.crt (the reconciler
+    # reads the Secret to say; only ca.crt: the daemons verify ZooKeeper and present none).
+    zk_tls_client_certificate: bool = True
     # Storage addresses by ordinal when the daemons do not run as pods of this cluster
     # (the test harness that plays the kubelet); empty: the pods' stable DNS names.
     address_book: tuple[str, ...] = ()

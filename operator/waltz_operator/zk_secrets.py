@@ -4,9 +4,11 @@ from the Kubernetes API. Under the operator's own CA (``spec.tls.mode: operator`
 no ``authSecret``, the credential is one the operator made (``<name>-zookeeper-credential``).
 
 The credential is what CreateCluster writes the metadata's ACL with, and what the
-servers write with; the certificate reaches ZooKeeper's TLS port. kazoo reads TLS
-files, so the certificate is written to a private directory (one per Secret, mode
-0600); a rotated Secret gets new files and, through a new ``ZkAccess``, a new connection.
+servers write with; the certificate reaches ZooKeeper's TLS port. A TLS Secret with only
+``ca.crt`` (the chart's bundled ZooKeeper: server authentication only, the credential
+authenticates) verifies ZooKeeper without presenting a certificate. kazoo reads TLS
+files, so they are written to a private directory (one per Secret, mode 0600); a
+rotated Secret gets new files and, through a new ``ZkAccess``, a new connection.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .desired import ZK_AUTH_KEY, _metadata
 from .spec import ClusterSpec
 
 TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
+CA_ONLY_KEYS = ("ca.crt",)
 
 
 class SecretProblem(Exception):
@@ -42,6 +45,8 @@ class ZkAccess:
     credential: ZkCredential | None = None
     tls: TlsFiles | None = None
     tls_digest: str = ""  # changes when the certificate does: a new connection
+    # Whether the TLS Secret holds a client certificate (tls.crt, tls.key), not only ca.crt.
+    tls_client_certificate: bool = True
 
     @property
     def connect_arguments(self) -> dict[str, Any]:
@@ -67,10 +72,19 @@ def credential_of(secret: Mapping[str, Any], where: str) -> ZkCredential:
     return ZkCredential(user, password)
 
 
+def has_client_certificate(secret: Mapping[str, Any]) -> bool:
+    """A TLS Secret with tls.crt or tls.key presents a certificate (and needs both);
+    one with only ca.crt just verifies the server."""
+    data = secret.get("data") or {}
+    return bool(data.get("tls.crt") or data.get("tls.key"))
+
+
 def write_tls_files(secret: Mapping[str, Any], where: str, directory: str) -> tuple[TlsFiles, str]:
-    """The Secret's certificate, key and CA as files in ``directory``, and their digest."""
-    blobs = {key: _data(secret, key, where) for key in TLS_KEYS}
-    digest = hashlib.sha256(b"".join(blobs[k] for k in TLS_KEYS)).hexdigest()[:16]
+    """The Secret's certificate, key and CA (or its CA alone, when it has no client
+    certificate) as files in ``directory``, and their digest."""
+    keys = TLS_KEYS if has_client_certificate(secret) else CA_ONLY_KEYS
+    blobs = {key: _data(secret, key, where) for key in keys}
+    digest = hashlib.sha256(b"".join(blobs[k] for k in keys)).hexdigest()[:16]
     os.makedirs(directory, mode=0o700, exist_ok=True)
     paths = {}
     for key, blob in blobs.items():
@@ -82,7 +96,7 @@ def write_tls_files(secret: Mapping[str, Any], where: str, directory: str) -> tu
                 f.write(blob)
             os.replace(temporary, path)  # whole files only: kazoo may read them any time
         paths[key] = path
-    return TlsFiles(paths["tls.crt"], paths["tls.key"], paths["ca.crt"]), digest
+    return TlsFiles(paths.get("tls.crt"), paths.get("tls.key"), paths["ca.crt"]), digest
 
 
 async def zk_access(
@@ -109,12 +123,13 @@ async def zk_access(
             else "spec.zookeeper.authSecret"
         )
         found_credential = credential_of(*await secret(spec.zk_credential_secret, field))
-    tls, digest = None, ""
+    tls, digest, client_certificate = None, "", True
     if spec.zk_tls_secret:
         found, where = await secret(spec.zk_tls_secret, "spec.zookeeper.tlsSecret")
         target = os.path.join(directory, spec.namespace, spec.zk_tls_secret)
         tls, digest = write_tls_files(found, where, target)
-    return ZkAccess(found_credential, tls, digest)
+        client_certificate = has_client_certificate(found)
+    return ZkAccess(found_credential, tls, digest, client_certificate)
 
 
 # --- the credential the operator makes ------------------------------------------------------

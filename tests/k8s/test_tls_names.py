@@ -28,6 +28,7 @@ import pathlib
 import re
 import ssl
 import subprocess
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -97,9 +98,13 @@ def chart() -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def spec(chart) -> ClusterSpec:
-    """The operator's reading of the WaltzCluster the chart makes."""
+    """The operator's reading of the WaltzCluster the chart makes. Its ZooKeeper TLS
+    Secret is the chart's CA alone (<release>-waltz-system-ca-cert), which the operator
+    finds when it reads the Secret: the pods verify ZooKeeper and present no certificate."""
     (cluster,) = chart["WaltzCluster"]
-    return parse(cluster)
+    spec = parse(cluster)
+    assert spec.zk_tls_secret.endswith("-waltz-system-ca-cert"), spec.zk_tls_secret
+    return replace(spec, zk_tls_client_certificate=False)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +147,8 @@ def as_mounted(env: dict[str, str], files: TlsFiles, data_dir: pathlib.Path) -> 
     for name, value in env.items():
         if value.startswith("/etc/waltz/tls/"):
             value = getattr(files, MOUNTED[value.rsplit("/", 1)[1]])
+        elif value == "/etc/waltz/zk-tls/ca.crt":  # ZooKeeper's CA: any CA file will load
+            value = files.ca
         elif value == "/var/lib/waltz/storage":
             value = str(data_dir)
         out[name] = value

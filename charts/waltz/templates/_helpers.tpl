@@ -59,9 +59,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.zookeeper.connect -}}
 {{- else -}}
 {{- $name := include "waltz.zookeeperName" . -}}
+{{- $port := include "waltz.zookeeperClientPort" . -}}
 {{- $hosts := list -}}
 {{- range $i := until (int .Values.zookeeper.bundled.replicas) -}}
-{{- $hosts = append $hosts (printf "%s-%d.%s-headless.%s.svc:2181" $name $i $name $.Release.Namespace) -}}
+{{- $hosts = append $hosts (printf "%s-%d.%s-headless.%s.svc:%s" $name $i $name $.Release.Namespace $port) -}}
 {{- end -}}
 {{- join "," $hosts -}}
 {{- end -}}
@@ -70,6 +71,48 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* Whether the bundled ZooKeeper ensemble is installed. */}}
 {{- define "waltz.bundledZookeeper" -}}
 {{- if and (not .Values.zookeeper.connect) .Values.zookeeper.bundled.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether the bundled ZooKeeper serves TLS ("true" or ""). Fixed once the ensemble
+exists (it says so in its annotation waltz.io/zookeeper-tls): one made without TLS
+(before zookeeper.bundled.tls) keeps plain text on upgrade, and one made with it keeps
+TLS. Switching would roll the nodes into two camps, and the clients' connect strings
+(a WaltzCluster's is fixed) name the port. */}}
+{{- define "waltz.zookeeperTls" -}}
+{{- if include "waltz.bundledZookeeper" . -}}
+{{- $existing := (lookup "apps/v1" "StatefulSet" .Release.Namespace (include "waltz.zookeeperName" .)) | default dict -}}
+{{- if $existing -}}
+{{- $annotations := (($existing.metadata | default dict).annotations | default dict) -}}
+{{- if eq (get $annotations "waltz.io/zookeeper-tls" | toString) "true" -}}true{{- end -}}
+{{- else if .Values.zookeeper.bundled.tls.enabled -}}true
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The bundled ZooKeeper's client port: 2281 over TLS, else 2181 in plain text. */}}
+{{- define "waltz.zookeeperClientPort" -}}
+{{- if include "waltz.zookeeperTls" . -}}2281{{- else -}}2181{{- end -}}
+{{- end -}}
+
+{{/* Prefix of the Secrets where the operator keeps the chart's own CA and certificates
+(operator/waltz_operator/system_pki.py): <prefix>-ca, -ca-cert, -zookeeper-tls and
+-operator-tls, in the release namespace. */}}
+{{- define "waltz.systemPki" -}}
+{{- printf "%s-waltz-system" .Release.Name -}}
+{{- end -}}
+
+{{/* Whether the operator keeps that PKI: for ZooKeeper's TLS or its own HTTPS. */}}
+{{- define "waltz.systemPkiEnabled" -}}
+{{- if or (include "waltz.zookeeperTls" .) .Values.operator.metricsTls -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret the chart's cluster and helm test reach ZooKeeper's TLS port with: the
+given one, else the chart's CA certificate (only ca.crt) when the bundled ZooKeeper is
+on TLS, else none. */}}
+{{- define "waltz.zookeeperTlsSecret" -}}
+{{- if .Values.cluster.zookeeperTlsSecret -}}{{ .Values.cluster.zookeeperTlsSecret }}
+{{- else if include "waltz.zookeeperTls" . -}}{{ include "waltz.systemPki" . }}-ca-cert
+{{- end -}}
 {{- end -}}
 
 
