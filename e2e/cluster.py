@@ -20,10 +20,15 @@ CLIENT_IMAGE = f"{REPOSITORY}/waltz-server:{TAG}"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
-def zookeeper_of(release: str, namespace: str, replicas: int = 3) -> str:
-    """The connect string of a release's bundled ZooKeeper."""
+ZK_CA_DIR = "/etc/waltz/zk-tls"
+
+
+def zookeeper_of(release: str, namespace: str, replicas: int = 3, tls: bool = True) -> str:
+    """The connect string of a release's bundled ZooKeeper: its TLS port (the chart's
+    default), or the plain one of an ensemble installed before TLS was."""
+    port = 2281 if tls else 2181
     return ",".join(
-        f"{release}-zookeeper-{i}.{release}-zookeeper-headless.{namespace}.svc:2181"
+        f"{release}-zookeeper-{i}.{release}-zookeeper-headless.{namespace}.svc:{port}"
         for i in range(replicas)
     )
 
@@ -38,6 +43,9 @@ class Target:
     # A kubernetes.io/tls Secret with a client certificate of the cluster's CA ("": plain
     # text): by default the operator's own CA issues one, <name>-client-tls.
     tls_secret: str = ""
+    # A Secret whose ca.crt verifies ZooKeeper's TLS port ("": plain ZooKeeper): the
+    # bundled one's is the chart's CA, <release>-waltz-system-ca-cert.
+    zk_ca_secret: str = ""
 
     @property
     def root(self) -> str:
@@ -54,13 +62,19 @@ class Target:
 
 
 def release_target(
-    release: str, namespace: str, name: str = "waltz", tls_secret: str | None = None
+    release: str,
+    namespace: str,
+    name: str = "waltz",
+    tls_secret: str | None = None,
+    zk_tls: bool = True,
 ) -> Target:
-    """The chart's WaltzCluster (cluster.name ``name``) on the release's own ZooKeeper;
-    its clients use ``tls_secret``, by default the client certificate the operator
-    issues (the chart's default, cluster.tls.mode operator)."""
+    """The chart's WaltzCluster (cluster.name ``name``) on the release's own ZooKeeper
+    (on TLS, verified with the chart's CA, unless ``zk_tls`` is off); its clients use
+    ``tls_secret``, by default the client certificate the operator issues (the chart's
+    default, cluster.tls.mode operator)."""
     secret = f"{name}-client-tls" if tls_secret is None else tls_secret
-    return Target(namespace, name, zookeeper_of(release, namespace), secret)
+    zk_ca = f"{release}-waltz-system-ca-cert" if zk_tls else ""
+    return Target(namespace, name, zookeeper_of(release, namespace, tls=zk_tls), secret, zk_ca)
 
 
 # --- clients ----------------------------------------------------------------------------
@@ -87,6 +101,7 @@ def start_check(
         target.env(),
         tls_secret or target.tls_secret,
         avoid_node,
+        zk_ca_secret=target.zk_ca_secret,
     )
 
 
@@ -115,8 +130,11 @@ async def main():
         tls = TlsFiles(
             os.environ["WALTZ_TLS_CERT"], os.environ["WALTZ_TLS_KEY"], os.environ["WALTZ_TLS_CA"]
         )
+    zk_ca = os.environ.get("WALTZ_ZK_TLS_CA")
+    zk_tls = TlsFiles(ca=zk_ca) if zk_ca else None
     config = WaltzClientConfig(
-        os.environ["WALTZ_ZOOKEEPER"], zk_root=os.environ["WALTZ_ROOT"], feed=False, tls=tls
+        os.environ["WALTZ_ZOOKEEPER"], zk_root=os.environ["WALTZ_ROOT"], feed=False, tls=tls,
+        zk_tls=zk_tls,
     )
     digests = {}
     async with WaltzClient(config) as client:
@@ -151,6 +169,7 @@ def log_digest(
         ["python", "-c", _DIGEST, json.dumps(stops)],
         target.env(),
         tls_secret or target.tls_secret,
+        zk_ca_secret=target.zk_ca_secret,
     )
     ok, log = kube.job_result(target.namespace, job, timeout=900)
     lines = [line for line in log.splitlines() if line.startswith("DIGEST ")]
@@ -179,6 +198,8 @@ def cluster_show(kube: Kube, target: Target) -> dict:
         target.zookeeper,
         "--root",
         target.root,
+        # The server pod has ZooKeeper's CA mounted where the operator puts it.
+        *(["--zk-tls-ca", f"{ZK_CA_DIR}/ca.crt"] if target.zk_ca_secret else []),
     )
     # Exit 1 with "problems" listed still prints the cluster.
     assert proc.stdout.strip(), f"waltz cluster show: {proc.stderr.strip()}"
@@ -305,6 +326,7 @@ def own_cluster(
     storage: dict | None = None,
     server: dict | None = None,
     timeout: float = 900,
+    zk_ca_secret: str = "",
 ) -> Iterator[Target]:
     """A WaltzCluster ``name`` in ``namespace`` (whose operator reconciles it) on an
     existing ZooKeeper, Ready; deleted afterwards with ``retainVolumes: false`` (the
@@ -315,7 +337,10 @@ def own_cluster(
             "kind": "WaltzCluster",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {
-                "zookeeper": {"connect": zookeeper},
+                "zookeeper": {
+                    "connect": zookeeper,
+                    **({"tlsSecret": zk_ca_secret} if zk_ca_secret else {}),
+                },
                 "storage": {"replicas": 3, "size": "1Gi", **(storage or {})},
                 "server": {"replicas": 1, **(server or {})},
                 "image": {"repository": REPOSITORY, "tag": TAG},
@@ -325,7 +350,8 @@ def own_cluster(
     )
     try:
         kube.wait_ready(namespace, name, timeout)
-        yield Target(namespace, name, zookeeper, f"{name}-client-tls")  # the operator's CA
+        # Clients on the operator's CA; ZooKeeper verified with ``zk_ca_secret``.
+        yield Target(namespace, name, zookeeper, f"{name}-client-tls", zk_ca_secret)
     finally:
         print(
             kube(

@@ -137,6 +137,7 @@ class Kube:
         env: dict[str, str],
         tls_secret: str = "",
         avoid_node: str = "",
+        zk_ca_secret: str = "",
     ) -> None:
         """Start a Job (restartPolicy Never, no retries); ``tls_secret``: a client
         certificate mounted as the waltz client's WALTZ_TLS_* files; ``avoid_node``: a
@@ -153,6 +154,10 @@ class Kube:
                 "WALTZ_TLS_KEY": "/etc/waltz/tls/tls.key",
                 "WALTZ_TLS_CA": "/etc/waltz/tls/ca.crt",
             }
+        if zk_ca_secret:  # ZooKeeper's TLS port, verified with this CA (``waltz check``)
+            volumes.append({"name": "zk-tls", "secret": {"secretName": zk_ca_secret}})
+            mounts.append({"name": "zk-tls", "mountPath": "/etc/waltz/zk-tls", "readOnly": True})
+            env = {**env, "WALTZ_ZK_TLS_CA": "/etc/waltz/zk-tls/ca.crt"}
         pod: dict[str, Any] = {
             "restartPolicy": "Never",
             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},

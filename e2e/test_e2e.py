@@ -75,6 +75,7 @@ NS = "waltz"
 NAME = "waltz"
 SESSION = release_target("waltz", NS)
 ZOOKEEPER = SESSION.zookeeper
+ZK_CA = SESSION.zk_ca_secret  # the bundled ZooKeeper's TLS port: the chart's CA
 LEASE = "waltz-waltz-operator"
 SECURE = release_target("secure", "secure", tls_secret=f"{NAME}-check-tls")  # cert-manager
 
@@ -174,13 +175,15 @@ def test_spark_reads_the_log_and_counts_what_the_client_wrote(waltz):
         "from waltz_client.tls import TlsFiles\n"
         "d = '/etc/waltz/tls/'\n"
         "tls = TlsFiles(d + 'tls.crt', d + 'tls.key', d + 'ca.crt')\n"
+        "zk_tls = TlsFiles(ca='/etc/waltz/zk-tls/ca.crt')\n"
         f"df = spark.read.format('waltz').option('zookeeper', '{ZOOKEEPER}')"
         f".option('zkRoot', '{SESSION.root}')"
-        ".option('tlsCert', tls.cert).option('tlsKey', tls.key).option('tlsCa', tls.ca).load()\n"
+        ".option('tlsCert', tls.cert).option('tlsKey', tls.key).option('tlsCa', tls.ca)"
+        ".option('zkTlsCa', zk_tls.ca).load()\n"
         "count = df.count()\n"
         "async def marks():\n"
         f"    config = WaltzClientConfig('{ZOOKEEPER}', zk_root='{SESSION.root}', feed=False,\n"
-        "                               tls=tls)\n"
+        "                               tls=tls, zk_tls=zk_tls)\n"
         "    async with WaltzClient(config) as c:\n"
         "        return sum([await c.high_water_mark(p) + 1 for p in range(c.num_partitions)])\n"
         "expected = asyncio.run(marks())\n"
@@ -194,6 +197,7 @@ def test_spark_reads_the_log_and_counts_what_the_client_wrote(waltz):
         ["python3", "-c", script],
         {"HOME": "/tmp"},
         SESSION.tls_secret,  # the session's cluster runs on the operator's CA
+        zk_ca_secret=SESSION.zk_ca_secret,  # and on the bundled ZooKeeper's TLS port
     )
     ok, log = waltz.job_result(NS, "spark-count", timeout=1200)
     assert ok, log
@@ -340,7 +344,9 @@ def test_every_partition_spans_the_three_zones(waltz):
     # Four storage nodes in three zones: the first assignment (before the operator knows
     # the zones, partition p on consecutive nodes) puts some partition on two nodes of one
     # zone, so the operator must move replicas once it reads the zones.
-    with own_cluster(kube, NS, "zoned", ZOOKEEPER, storage={"replicas": 4}) as target:
+    with own_cluster(
+        kube, NS, "zoned", ZOOKEEPER, storage={"replicas": 4}, zk_ca_secret=ZK_CA
+    ) as target:
         pods = kube.pods(NS, target.storage_selector())
         zone_of = {
             p["metadata"]["name"]: zones.get(p["spec"].get("nodeName", ""), "") for p in pods
@@ -399,7 +405,9 @@ def test_growing_the_volumes_where_the_class_cannot_is_refused_and_the_cluster_s
     kube = waltz
     with (
         storage_class(kube, "waltz-e2e-fixed", allow_expansion=False) as cls,
-        own_cluster(kube, NS, "fixed", ZOOKEEPER, storage={"storageClassName": cls}) as target,
+        own_cluster(
+            kube, NS, "fixed", ZOOKEEPER, storage={"storageClassName": cls}, zk_ca_secret=ZK_CA
+        ) as target,
     ):
         check(kube, target, "check-fixed", 300)
         before = log_digest(kube, target, "digest-fixed")
@@ -458,7 +466,9 @@ def test_growing_the_volumes_recreates_the_statefulset_around_the_running_pods(w
     kube = waltz
     with (
         storage_class(kube, "waltz-e2e-expandable", allow_expansion=True) as cls,
-        own_cluster(kube, NS, "growing", ZOOKEEPER, storage={"storageClassName": cls}) as target,
+        own_cluster(
+            kube, NS, "growing", ZOOKEEPER, storage={"storageClassName": cls}, zk_ca_secret=ZK_CA
+        ) as target,
     ):
         check(kube, target, "check-growing", 300)
         before = log_digest(kube, target, "digest-growing")
@@ -584,6 +594,7 @@ def test_draining_a_node_respects_the_storage_budget_and_loses_nothing(waltz):
         ZOOKEEPER,
         storage={"affinity": anti},
         server={"replicas": 2, "affinity": not_on_node(node)},
+        zk_ca_secret=ZK_CA,
     ) as target:
         pods = kube.pods(NS, target.storage_selector())
         on_node = [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName") == node]
@@ -642,7 +653,8 @@ def test_upgrading_from_the_previous_chart_keeps_the_data_and_the_new_operator_l
     release = namespace = "upgrade"
     # Made plain by the previous chart, it stays plain (a running cluster's TLS mode is
     # fixed; the chart keeps the mode of a cluster made before the field).
-    target = release_target(release, namespace, tls_secret="")
+    # Its ZooKeeper too: an ensemble made plain keeps its plain port on upgrade.
+    target = release_target(release, namespace, tls_secret="", zk_tls=False)
     values = (
         "--set",
         "cluster.enabled=true",
@@ -797,6 +809,7 @@ def test_the_same_on_mutual_tls_with_cert_manager(secure):
         CLIENT_IMAGE,
         ["waltz", "check", "--transactions", "10", "--timeout", "60"],
         SECURE.env(),
+        zk_ca_secret=SECURE.zk_ca_secret,  # it reaches ZooKeeper: only the server refuses
     )
     ok, _ = kube.job_result("secure", "no-certificate")
     assert not ok
