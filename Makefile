@@ -46,11 +46,12 @@ postgres-deps:
 
 ## test: lint, then the whole test suite (with nftables for the fault tests, see fault-deps,
 ## and PostgreSQL for the database callback tests, see postgres-deps),
-## two test files at a time: most tests wait on processes and timeouts, not the CPU
+## three test files at a time on two cores: most tests wait on processes and timeouts,
+## not the CPU (the suite used 44% of two cores with two at a time)
 test: $(STAMP) fault-deps postgres-deps
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 3 --dist loadfile
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
