@@ -473,28 +473,52 @@ def issue(
     now: datetime.datetime,
 ) -> Issued:
     """The Secrets ``todo`` calls for."""
+    return issue_with(
+        todo,
+        secrets.get(ca_secret(spec)),
+        now,
+        ca_label=f"CA {ca_secret(spec)}",
+        ca_common_name=ca_common_name(spec),
+        authority_secret=lambda authority: authority_secret(spec, authority),
+        ca_cert_secret=lambda pem: _secret(spec, ca_cert_secret(spec), {"ca.crt": pem}),
+        leaf_secret=lambda profile, authority: leaf_secret(spec, profile, authority, now),
+    )
+
+
+def issue_with(
+    todo: Plan,
+    ca: Mapping[str, Any] | None,
+    now: datetime.datetime,
+    *,
+    ca_label: str,
+    ca_common_name: str,
+    authority_secret: Callable[[Authority], Manifest],
+    ca_cert_secret: Callable[[bytes], Manifest],
+    leaf_secret: Callable[[Profile, Authority], Manifest],
+) -> Issued:
+    """The Secrets ``todo`` calls for, the CA's first, with a message for each: what a
+    cluster's CA and the chart's system CA share; the Secrets are the caller's."""
     out: list[Manifest] = []
     messages: list[str] = []
     if todo.authority == CREATE:
         key = new_key()
-        authority = Authority(ca_certificate(key, ca_common_name(spec), now), key)
+        authority = Authority(ca_certificate(key, ca_common_name, now), key)
     else:
-        authority = read_authority(secrets[ca_secret(spec)] or {})
+        authority = read_authority(ca or {})
         if todo.authority == RENEW:
-            authority = Authority(
-                ca_certificate(authority.key, ca_common_name(spec), now), authority.key
-            )
+            renewed = ca_certificate(authority.key, ca_common_name, now)
+            authority = Authority(renewed, authority.key)
     if todo.authority is not None:
-        out.append(authority_secret(spec, authority))
+        out.append(authority_secret(authority))
         verb = "created" if todo.authority == CREATE else "renewed (same key)"
         messages.append(
-            f"CA {ca_secret(spec)} {verb} ({todo.authority_reason}); valid until "
+            f"{ca_label} {verb} ({todo.authority_reason}); valid until "
             f"{_stamp(authority.cert.not_valid_after_utc)}"
         )
     if todo.publish:
-        out.append(_secret(spec, ca_cert_secret(spec), {"ca.crt": authority.cert_pem}))
+        out.append(ca_cert_secret(authority.cert_pem))
     for profile, why in todo.leaves:
-        secret = leaf_secret(spec, profile, authority, now)
+        secret = leaf_secret(profile, authority)
         out.append(secret)
         cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
         messages.append(

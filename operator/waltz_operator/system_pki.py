@@ -33,8 +33,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography import x509
-
 from . import pki
 from .pki import Authority, Issued, Plan, Profile
 
@@ -228,32 +226,17 @@ def issue(
     now: datetime.datetime,
 ) -> Issued:
     """The Secrets ``todo`` calls for, the CA's first."""
-    out: list[dict[str, Any]] = []
-    messages: list[str] = []
-    if todo.authority == pki.CREATE:
-        key = pki.new_key()
-        authority = Authority(pki.ca_certificate(key, ca_common_name(names), now), key)
-    else:
-        authority = pki.read_authority(secrets[names.ca_secret] or {})
-        if todo.authority == pki.RENEW:
-            renewed = pki.ca_certificate(authority.key, ca_common_name(names), now)
-            authority = Authority(renewed, authority.key)
-    if todo.authority is not None:
-        ca_data = {"ca.crt": authority.cert_pem, "ca.key": pki.key_pem(authority.key)}
-        out.append(_secret(names, names.ca_secret, ca_data))
-        verb = "created" if todo.authority == pki.CREATE else "renewed (same key)"
-        messages.append(
-            f"system CA {names.ca_secret} {verb} ({todo.authority_reason}); valid until "
-            f"{pki._stamp(authority.cert.not_valid_after_utc)}"
-        )
-    if todo.publish:
-        out.append(_secret(names, names.ca_cert_secret, {"ca.crt": authority.cert_pem}))
-    for profile, why in todo.leaves:
-        secret = leaf_secret(names, profile, authority, now)
-        out.append(secret)
-        cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
-        messages.append(
-            f"certificate {profile.secret} ({profile.common_name}) issued ({why}); valid "
-            f"until {pki._stamp(cert.not_valid_after_utc)}"
-        )
-    return Issued(tuple(out), authority, tuple(messages))
+    return pki.issue_with(
+        todo,
+        secrets.get(names.ca_secret),
+        now,
+        ca_label=f"system CA {names.ca_secret}",
+        ca_common_name=ca_common_name(names),
+        authority_secret=lambda authority: _secret(
+            names,
+            names.ca_secret,
+            {"ca.crt": authority.cert_pem, "ca.key": pki.key_pem(authority.key)},
+        ),
+        ca_cert_secret=lambda pem: _secret(names, names.ca_cert_secret, {"ca.crt": pem}),
+        leaf_secret=lambda profile, authority: leaf_secret(names, profile, authority, now),
+    )
