@@ -24,8 +24,9 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoNodeError
 
 from waltz_client.cluster.admin import ClusterState, read_cluster
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.paths import ClusterPaths
-from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.cluster.zk import close, connect
 from waltz_client.wire.errors import describe
 
 from .observe import ClusterView, ServerPartition, combine, parse_server_metrics

@@ -38,8 +38,9 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from waltz_client.cluster import admin
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import ReplicaAssignment
-from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.cluster.zk import close, connect
 from waltz_client.wire.errors import describe
 
 from .bootstrap import Created, Refused, Unsupported, cluster_name, ensure_cluster

@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.cluster.errors import ClusterError
+from waltz_client.cluster.zk import close, connect
 
 from . import pki
 from .desired import running_tls_mode

@@ -20,7 +20,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from waltz_client.cluster import admin
-from waltz_client.cluster.zk import ClusterError
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.wire.errors import describe
 
 from .bootstrap import cluster_name

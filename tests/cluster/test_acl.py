@@ -10,8 +10,9 @@ from kazoo.security import Permissions
 
 from waltz_client.cluster.acl import ZkCredential
 from waltz_client.cluster.admin import create_cluster, new_client_id, read_params
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.paths import ClusterPaths
-from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.cluster.zk import close, connect
 
 STORAGES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 

@@ -17,6 +17,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
 
 from waltz_client.cluster import admin
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import (
     NO_SESSION,
     UNRESOLVED,
@@ -29,7 +30,7 @@ from waltz_client.cluster.metadata import (
 )
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.placement import assign_replicas
-from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.cluster.zk import close, connect
 from waltz_client.partition_ranges import format_partition_ranges
 
 STORAGES = ["s0:9000", "s1:9000", "s2:9000"]

@@ -40,7 +40,8 @@ from operator_harness import (
 )
 from test_helm import by_kind, render
 
-from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.cluster.errors import ClusterError
+from waltz_client.cluster.zk import close, connect
 from waltz_client.local.zookeeper import (
     QUORUM_MAIN,
     ZooKeeperUnavailable,

@@ -210,7 +210,8 @@ def test_daemons_refuse_tls_files_that_cannot_work(pki, tmp_path) -> None:
 def test_zookeeper_over_tls_needs_a_client_certificate(pki, tmp_path, zookeeper_available) -> None:
     """The embedded ZooKeeper's TLS port (as a `--tls` local cluster runs it): a client with
     a certificate of the CA gets in; one without, or on plain TCP, does not."""
-    from waltz_client.cluster.zk import ClusterError, close, connect
+    from waltz_client.cluster.errors import ClusterError
+    from waltz_client.cluster.zk import close, connect
     from waltz_client.local.zookeeper import EmbeddedZooKeeper
 
     server_files = local_pki(str(tmp_path / "pki"), {"waltz-zookeeper": ["127.0.0.1"]})

@@ -18,8 +18,8 @@ import pytest
 from conftest import PartitionClient, cluster_admin, partition_metadata, wait_for
 
 from waltz_client.cluster.admin import assign_partitions, read_assignment, unassign_partitions
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import UNRESOLVED
-from waltz_client.cluster.zk import ClusterError
 
 pytestmark = pytest.mark.timeout(300)
 

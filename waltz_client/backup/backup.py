@@ -22,8 +22,8 @@ from kazoo.client import KazooClient
 
 from waltz_client.client import MissingTransactions, WaltzClient, WaltzError
 from waltz_client.cluster.admin import read_cluster
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import key_fingerprint
-from waltz_client.cluster.zk import ClusterError
 from waltz_client.config import WaltzClientConfig
 from waltz_client.wire.records import WIRE_RECORD_HEAD
 

@@ -36,6 +36,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from waltz_client.cluster.admin import create_cluster, delete_cluster
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import (
     UNRESOLVED,
     Ownership,
@@ -46,7 +47,6 @@ from waltz_client.cluster.metadata import (
 )
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.placement import assign_replicas
-from waltz_client.cluster.zk import ClusterError
 
 from .format import BackupError, Manifest, fsync_directory, read_chunk, verify_backup
 

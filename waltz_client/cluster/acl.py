@@ -32,8 +32,8 @@ from kazoo.security import (
     make_digest_acl,
 )
 
+from .errors import ClusterError
 from .paths import ClusterPaths
-from .zk import ClusterError
 
 # Schemes whose identities ZooKeeper establishes itself (digest writers use a credential).
 IDENTITY_SCHEMES = ("x509", "sasl", "digest", "ip")

@@ -25,6 +25,7 @@ from waltz_client.partition_ranges import format_partition_ranges
 
 from .access import AccessPolicy
 from .client_ids import new_client_ids
+from .errors import ClusterError
 from .metadata import (
     ClusterParams,
     MetadataError,
@@ -38,7 +39,6 @@ from .paths import ClusterPaths
 from .placement import assign_replicas
 from .replica_safety import replica_change_problem, still_serving, writing_members
 from .retention import RetentionPolicy
-from .zk import ClusterError
 
 CAS_ATTEMPTS = 20
 

@@ -26,12 +26,13 @@ from .acl import (
     parse_writer,
     x509_writer,
 )
+from .errors import ClusterError
 from .metadata import ReplicaAssignment
 from .paths import ClusterPaths
 from .placement import quorum
 from .retention import RetentionPolicy, RetentionRule, parse_duration
 from .secure import describe_acl, secure_cluster
-from .zk import ClusterError, close, connect
+from .zk import close, connect
 
 DEFAULT_ROOT = "/waltz"
 

@@ -38,8 +38,8 @@ from kazoo.exceptions import (
     NotEmptyError,
 )
 
+from .errors import ClusterError
 from .paths import ClusterPaths
-from .zk import ClusterError
 
 MAX_CLIENT_ID = 2**31 - 1  # a ReqId field is a signed 32-bit integer
 MAX_DRAW = 1000  # sequence numbers drawn in one transaction (past a run of bound IDs)

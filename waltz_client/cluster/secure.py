@@ -23,9 +23,9 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.security import ACL
 
 from .acl import acl_writers, principal
+from .errors import ClusterError
 from .metadata import MetadataError, ServerRegistration
 from .paths import ClusterPaths
-from .zk import ClusterError
 
 # A node created with the old ACL by a server that read the cluster ACL just before it
 # changed shows up within a ZooKeeper round trip or two: the confirming pass waits this.

@@ -11,15 +11,13 @@ from typing import TYPE_CHECKING
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
+from .acl import ZkCredential, metadata_acl
+from .errors import ClusterError
+
 if TYPE_CHECKING:
     from ..tls import TlsFiles
-    from .acl import ZkCredential
 
 log = logging.getLogger(__name__)
-
-
-class ClusterError(Exception):
-    """A cluster operation could not be done; the message says why and changes nothing."""
 
 
 def connect(
@@ -34,8 +32,6 @@ def connect(
     With ``credential``, it authenticates, and the nodes it creates get the cluster's ACL
     (``acl.metadata_acl``). With ``tls``, it reaches ZooKeeper's secure client port over
     TLS (a client certificate for ZooKeeper's ``ssl.clientAuth=need``)."""
-    from .acl import metadata_acl
-
     if not connect_string.strip():
         raise ClusterError("no ZooKeeper connect string (host:port[,host:port...][/chroot])")
     try:

@@ -19,7 +19,7 @@ import uuid
 from .. import event_loop
 from ..callbacks import WaltzClientCallbacks
 from ..client import SubmitStatus, WaltzClient
-from ..cluster.zk import ClusterError
+from ..cluster.errors import ClusterError
 from ..config import WaltzClientConfig, WaltzConfigError
 from ..tls import TlsFiles
 from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext

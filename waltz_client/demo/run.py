@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .. import event_loop
 from ..client import SubmitStatus, WaltzClient
-from ..cluster.zk import ClusterError
+from ..cluster.errors import ClusterError
 from ..config import WaltzClientConfig
 from ..local.cli import add_security_flags
 from ..local.cluster import LocalCluster, LocalClusterError

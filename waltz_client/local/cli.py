@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from waltz_client.cluster.zk import ClusterError
+from waltz_client.cluster.errors import ClusterError
 
 from .cluster import HOST, LocalCluster, LocalClusterError
 from .processes import ProcessFailed

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from waltz_client.cluster.acl import ZkCredential, credential_from_setting, session_identities
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import ServerRegistration
-from waltz_client.cluster.zk import ClusterError
 from waltz_client.peer_limits import peer_limit_settings
 from waltz_client.settings import (
     REQUIRED,

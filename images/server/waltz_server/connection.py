@@ -24,7 +24,7 @@ from kazoo.exceptions import KazooException
 
 from waltz_client.cluster.access import OPEN_ACCESS, Access, AccessPolicy
 from waltz_client.cluster.client_ids import ClientIdRefused
-from waltz_client.cluster.zk import ClusterError
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
 from waltz_client.peer_warnings import PeerWarnings
 from waltz_client.tls import peer_identity

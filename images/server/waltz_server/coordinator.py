@@ -24,6 +24,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from waltz_client.cluster.access import DENY_ALL, AccessPolicy
 from waltz_client.cluster.acl import ZkCredential, adopt_cluster_acl, readopt_open_acl
 from waltz_client.cluster.admin import read_assignment, read_params
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import (
     ClusterParams,
     MetadataError,
@@ -34,7 +35,7 @@ from waltz_client.cluster.metadata import (
 )
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.retention import RetentionPolicy
-from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.cluster.zk import close, connect
 from waltz_client.tls import TlsFiles
 
 from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay

@@ -18,6 +18,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
 from waltz_client.cluster.admin import read_params
+from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import (
     NO_SESSION,
     ClusterParams,
@@ -27,7 +28,7 @@ from waltz_client.cluster.metadata import (
 )
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.replica_safety import still_needed
-from waltz_client.cluster.zk import ClusterError, close, connect
+from waltz_client.cluster.zk import close, connect
 from waltz_client.tls import TlsFiles
 
 log = logging.getLogger(__name__)
