@@ -1448,7 +1448,9 @@ def _cmd_target(args: argparse.Namespace) -> int:
             files.check("tls", listening=False)
             tls = TlsDial.of(files, args.tls_server_name or host)
         except (ValueError, OSError, ssl.SSLError) as e:
-            print(f"waltz fuzz: error: {e}")
+            # "setting tls_ca: ..." names the daemons' setting; here it is the flag
+            flag = str(e).replace("setting tls_", "--tls-").replace(" tls_", " --tls-")
+            print(f"waltz fuzz: error: {flag}")
             return 2
     target = FuzzTarget(
         args.protocol,

@@ -266,3 +266,26 @@ def test_fuzzed_tls_daemons_stay_up_and_serve_a_client(make_cluster) -> None:
         if any("Traceback" in line for line in lines)
     }
     assert not tracebacks, tracebacks
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tls-ca", "/nonexistent.pem"], "--tls-ca: /nonexistent.pem does not exist"),
+        (["--tls-cert", "/etc/hostname"], "--tls-key: needed with --tls-cert"),
+    ],
+)
+def test_bad_tls_flags_are_refused_naming_the_flag(args, message) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "waltz_client.cli", "fuzz"),
+            *("--target", "127.0.0.1:1", "--protocol", "server", *args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout.strip() == f"waltz fuzz: error: {message}"
