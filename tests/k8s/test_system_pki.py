@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from helm_binary import helm_path
 from test_helm import CHART, by_kind, named, render
+from test_pki import cert, data, dns_names
 
 from waltz_operator import pki, system_pki
 from waltz_operator.main import parser, system_names
@@ -37,19 +38,6 @@ def issue_all(
     secrets = dict(secrets or {})
     issued = system_pki.issue(names, system_pki.plan(names, secrets, now), secrets, now)
     return {**secrets, **{s["metadata"]["name"]: s for s in issued.secrets}}
-
-
-def data(secret: dict, key: str) -> bytes:
-    return base64.b64decode(secret["data"][key])
-
-
-def cert(secret: dict, key: str = "tls.crt") -> x509.Certificate:
-    return x509.load_pem_x509_certificate(data(secret, key))
-
-
-def dns_names(c: x509.Certificate) -> list[str]:
-    san = c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    return san.get_values_for_type(x509.DNSName)
 
 
 def with_data(secret: dict, **changes: bytes) -> dict:
