@@ -121,7 +121,7 @@ def check(kube: Kube, target: Target, job: str, transactions: int, **options: An
 _DIGEST = """
 import asyncio, hashlib, json, os, sys
 from waltz_client import WaltzClient, WaltzClientConfig
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime.tls import TlsFiles
 
 async def main():
     stops = json.loads(sys.argv[1])

@@ -172,7 +172,7 @@ def test_spark_reads_the_log_and_counts_what_the_client_wrote(waltz):
         "import asyncio\n"
         "spark = SparkSession.builder.master('local[2]').getOrCreate()\n"
         "spark.dataSource.register(WaltzDataSource)\n"
-        "from waltz_client.tls import TlsFiles\n"
+        "from waltz_client.runtime.tls import TlsFiles\n"
         "d = '/etc/waltz/tls/'\n"
         "tls = TlsFiles(d + 'tls.crt', d + 'tls.key', d + 'ca.crt')\n"
         "zk_tls = TlsFiles(ca='/etc/waltz/zk-tls/ca.crt')\n"

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
-from waltz_client.local.cluster import LocalCluster
-from waltz_client.local.zookeeper import (
+from waltz_client.tools.local.cluster import LocalCluster
+from waltz_client.tools.local.zookeeper import (
     EmbeddedZooKeeper,
     ZooKeeperUnavailable,
     find_java,
@@ -29,7 +29,7 @@ settings.register_profile("waltz", deadline=None)
 settings.load_profile("waltz")
 
 # Parallel workers (pytest-xdist, `make test`) pick local cluster ports from disjoint
-# slices (waltz_client.local.cluster._port_range says why).
+# slices (waltz_client.tools.local.cluster._port_range says why).
 if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
     os.environ["WALTZ_PORT_SLICE"] = (
         f"{int(os.environ['PYTEST_XDIST_WORKER'][2:])}/"

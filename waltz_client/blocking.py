@@ -12,10 +12,10 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from . import event_loop
 from .callbacks import WaltzClientCallbacks
 from .client import SubmitResult, WaltzClient
 from .config import WaltzClientConfig
+from .runtime import event_loop
 from .transaction import TransactionContext
 from .wire.records import Record, RecordBatch, UncheckedRecords
 

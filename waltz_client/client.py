@@ -33,8 +33,8 @@ from .callbacks import WaltzClientCallbacks
 from .cluster_view import ClusterView
 from .config import WaltzClientConfig
 from .monitor import Outcome, Resolution, TransactionMonitor
-from .tasks import spawn
-from .tls import TlsContexts, tls_open_connection
+from .runtime.tasks import spawn
+from .runtime.tls import TlsContexts, tls_open_connection
 from .transaction import Transaction, TransactionBuilder, TransactionContext
 from .wire.client_messages import (
     CLIENT_ID_PROTOCOL_VERSION,

@@ -18,8 +18,8 @@ from .cluster.admin import new_client_id, read_params
 from .cluster.metadata import ClusterParams, MetadataError, Ownership, ServerRegistration
 from .cluster.paths import ClusterPaths
 from .cluster.zk import close, connect
-from .tasks import spawn
-from .tls import TlsFiles
+from .runtime.tasks import spawn
+from .runtime.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 

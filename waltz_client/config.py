@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .cluster.paths import normalise_root
-from .settings import zookeeper_address
-from .tls import TlsError, TlsFiles
+from .runtime.settings import zookeeper_address
+from .runtime.tls import TlsError, TlsFiles
 
 
 class WaltzConfigError(ValueError):
@@ -61,7 +61,7 @@ class WaltzClientConfig:
             if files is None:
                 continue
             if not isinstance(files, TlsFiles):
-                raise bad(name, f"expected waltz_client.tls.TlsFiles, got {files!r}")
+                raise bad(name, f"expected waltz_client.runtime.tls.TlsFiles, got {files!r}")
             try:
                 files.check(name, listening=False)
             except TlsError as e:

@@ -12,7 +12,7 @@ that reached the client (it would redeliver those after its backoff) and the rat
     git show 3327acc:waltz_client/dbapi.py > /tmp/old_dbapi.py
     .venv/bin/python examples/postgres/shared_appliers.py --dbapi /tmp/old_dbapi.py
 
-Starts its own PostgreSQL (Debian's binaries, waltz_client/local/postgres.py).
+Starts its own PostgreSQL (Debian's binaries, waltz_client/tools/local/postgres.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 
 import psycopg
 
-from waltz_client.local.postgres import LocalPostgres
+from waltz_client.tools.local.postgres import LocalPostgres
 from waltz_client.transaction import Transaction
 from waltz_client.wire.records import ReqId
 

@@ -29,9 +29,9 @@ import bank_jobs  # noqa: E402
 import bank_report  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
-from waltz_client.demo import bank  # noqa: E402
-from waltz_client.demo.common import FAST_FAILOVER, fresh_cluster  # noqa: E402
-from waltz_client.demo.run import run_bank  # noqa: E402
+from waltz_client.tools.demo import bank  # noqa: E402
+from waltz_client.tools.demo.common import FAST_FAILOVER, fresh_cluster  # noqa: E402
+from waltz_client.tools.demo.run import run_bank  # noqa: E402
 
 INITIAL = 1000  # the bank demo's opening balance
 

@@ -19,7 +19,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from waltz_client.tls import TlsContexts, TlsFiles
+from waltz_client.runtime.tls import TlsContexts, TlsFiles
 
 from . import pki, system_pki
 from .kube import ApiError, KubeApi

@@ -27,7 +27,7 @@ from kazoo.exceptions import NoNodeError
 
 from waltz_client.cluster.acl import ZkCredential
 from waltz_client.cluster.paths import ClusterPaths
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime.tls import TlsFiles
 
 from .desired import ZK_AUTH_KEY, _metadata
 from .spec import ClusterSpec

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from waltz_client.backup.format import (
+from waltz_client.tools.backup.format import (
     CHUNK_HEADER_BYTES,
     MANIFEST_NAME,
     BackupError,

@@ -30,12 +30,12 @@ from waltz_client import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
-from waltz_client.backup.format import MANIFEST_NAME, BackupError, Manifest, read_chunk
-from waltz_client.cli import main as waltz_main
 from waltz_client.cluster import admin
 from waltz_client.cluster.metadata import UNRESOLVED
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.cluster import LocalCluster
+from waltz_client.tools.backup.format import MANIFEST_NAME, BackupError, Manifest, read_chunk
+from waltz_client.tools.cli import main as waltz_main
+from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.transaction import Transaction, TransactionBuilder, TransactionContext
 from waltz_client.wire.records import Record
 
@@ -500,7 +500,7 @@ def test_recovery_decides_the_backup_mark_on_restored_replicas(small_backup, zoo
     directories): the backup's high-water mark, with every replica or with any one of
     three missing; two missing of three is undecidable (they could hold more), as for
     any session's members."""
-    from waltz_client.backup.restore import StorageTarget, plan_restore, restore
+    from waltz_client.tools.backup.restore import StorageTarget, plan_restore, restore
     from waltz_server.recovery import Decided, StorageView, Undecidable, decide
     from waltz_storage.service import StorageNode
 

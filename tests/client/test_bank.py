@@ -10,7 +10,7 @@ import random
 import pytest
 
 from waltz_client import SubmitStatus, WaltzClient, WaltzClientConfig
-from waltz_client.demo import bank
+from waltz_client.tools.demo import bank
 
 pytestmark = pytest.mark.timeout(240)
 

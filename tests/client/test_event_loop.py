@@ -1,4 +1,4 @@
-"""The event loop waltz's processes and commands run on (waltz_client/event_loop.py):
+"""The event loop waltz's processes and commands run on (waltz_client/runtime/event_loop.py):
 uvloop unless WALTZ_EVENT_LOOP says asyncio, and a bad value refused before anything
 starts."""
 
@@ -11,8 +11,9 @@ import warnings
 import pytest
 import uvloop
 
-from waltz_client import cli, event_loop
-from waltz_client.daemon import run_daemon
+from waltz_client.runtime import event_loop
+from waltz_client.runtime.daemon import run_daemon
+from waltz_client.tools import cli
 
 
 async def _loop_kind() -> str:

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from waltz_client import SubmitStatus, WaltzClient, WaltzClientConfig
-from waltz_client.demo import bank
+from waltz_client.tools.demo import bank
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,7 +27,7 @@ WORKER = textwrap.dedent(
     """
     import asyncio, random, sys
     from waltz_client import WaltzClient, WaltzClientConfig
-    from waltz_client.demo import bank
+    from waltz_client.tools.demo import bank
 
     zookeeper, root, path, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 

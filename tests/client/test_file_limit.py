@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from waltz_client.file_limit import UNLIMITED_TARGET, chosen_soft_limit
+from waltz_client.runtime.file_limit import UNLIMITED_TARGET, chosen_soft_limit
 
 INFINITY = resource.RLIM_INFINITY
 KEY = "6d2f1a52-3c1e-4f7a-9b0e-7a3f5c2d9e10"
@@ -49,7 +49,9 @@ def test_raise_open_files_limit_in_a_process_started_low():
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard <= 256:
         pytest.skip(f"the hard limit here is {hard}: nothing to raise to")
-    code = "from waltz_client.file_limit import raise_open_files_limit as r; print(list(r()))"
+    code = (
+        "from waltz_client.runtime.file_limit import raise_open_files_limit as r; print(list(r()))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

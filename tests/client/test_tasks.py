@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from waltz_client.tasks import spawn
+from waltz_client.runtime.tasks import spawn
 
 log = logging.getLogger("test-tasks")
 

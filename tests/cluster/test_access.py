@@ -98,7 +98,7 @@ def waltz(zookeeper, root: str, *args: str) -> subprocess.CompletedProcess:
         [
             sys.executable,
             "-m",
-            "waltz_client.cli",
+            "waltz_client.tools.cli",
             "cluster",
             *args,
             "--zookeeper",

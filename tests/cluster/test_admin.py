@@ -28,10 +28,10 @@ from waltz_client.cluster.metadata import (
     ReplicaState,
     ServerRegistration,
 )
+from waltz_client.cluster.partition_ranges import format_partition_ranges
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.placement import assign_replicas
 from waltz_client.cluster.zk import close, connect
-from waltz_client.partition_ranges import format_partition_ranges
 
 STORAGES = ["s0:9000", "s1:9000", "s2:9000"]
 

@@ -46,7 +46,7 @@ def waltz(
     if args[:1] == ("create",) and not {"--zk-auth-file", "--zk-acl", "--zk-acl-cert"} & set(args):
         args = (*args, "--insecure")  # these tests are about the commands, not the ACLs
     return subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", "cluster", *args],
+        [sys.executable, "-m", "waltz_client.tools.cli", "cluster", *args],
         capture_output=True,
         text=True,
         env=env if env is not None else clean_env(),
@@ -240,7 +240,7 @@ def test_create_usage_errors_exit_2(cli) -> None:
 def test_create_without_a_credential_or_insecure_is_refused(zookeeper, zk, zk_root) -> None:
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "waltz_client.cli", "cluster", "create"),
+            *(sys.executable, "-m", "waltz_client.tools.cli", "cluster", "create"),
             *("--zookeeper", zookeeper.connect_string, "--root", zk_root, *create_args()),
         ],
         capture_output=True,
@@ -599,7 +599,7 @@ def test_unreachable_zookeeper_exits_2_naming_the_address(monkeypatch, capsys) -
         cluster_cli, "connect", lambda hosts, **kw: real_connect(hosts, **kw, timeout=1.0)
     )
     address = f"127.0.0.1:{closed_port()}"
-    from waltz_client.cli import main
+    from waltz_client.tools.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["cluster", "show", "--zookeeper", address, "--root", "/waltz"])

@@ -27,7 +27,7 @@ from waltz_client.cluster.metadata import (
     ServerRegistration,
     validate_storage_address,
 )
-from waltz_client.partition_ranges import format_partition_ranges, parse_partition_ranges
+from waltz_client.cluster.partition_ranges import format_partition_ranges, parse_partition_ranges
 
 # --- strategies ----------------------------------------------------------------------------
 

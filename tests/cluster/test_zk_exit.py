@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from waltz_client.local.zookeeper import EmbeddedZooKeeper
+from waltz_client.tools.local.zookeeper import EmbeddedZooKeeper
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def waltz_check(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", "check", *args],
+        [sys.executable, "-m", "waltz_client.tools.cli", "check", *args],
         capture_output=True,
         text=True,
         timeout=240,
@@ -48,7 +48,7 @@ def test_a_transaction_whose_data_cannot_be_fetched_is_applied_when_delivered_ag
     transaction again from the follower's high-water mark, and it counts once, no gap."""
     import asyncio
 
-    from waltz_client.demo.check import _Follower
+    from waltz_client.tools.demo.check import _Follower
 
     class Delivered:
         partition_id = 0

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from waltz_client.demo.compare import (
+from waltz_client.tools.demo.compare import (
     ZOOKEEPER,
     Cell,
     cpu_table,
@@ -91,7 +91,7 @@ def waltz(
     *args: str, timeout: float = 240, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", "bench", "--compare", *args],
+        [sys.executable, "-m", "waltz_client.tools.cli", "bench", "--compare", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -118,7 +118,7 @@ def test_bad_sweep_arguments_are_refused(args: list[str]) -> None:
 
 def test_sweep_options_without_compare_are_refused() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", "bench", "--runs", "3", "--no-zookeeper"],
+        [sys.executable, "-m", "waltz_client.tools.cli", "bench", "--runs", "3", "--no-zookeeper"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -15,7 +15,7 @@ def test_the_demo_survives_its_faults_and_reports_pass(tmp_path, zookeeper_avail
         [
             sys.executable,
             "-m",
-            "waltz_client.cli",
+            "waltz_client.tools.cli",
             "demo",
             "--data-dir",
             str(tmp_path / "demo"),

@@ -14,7 +14,7 @@ def test_the_demo_is_secure_by_default(tmp_path, zookeeper_available):
     data = tmp_path / "demo"
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "waltz_client.cli", "demo", "--data-dir", str(data)),
+            *(sys.executable, "-m", "waltz_client.tools.cli", "demo", "--data-dir", str(data)),
             *("--clients", "1", "--tellers", "2", "--transfers", "40", "--partitions", "1"),
             *("--accounts", "4", "--no-faults"),
         ],

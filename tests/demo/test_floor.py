@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from waltz_client.demo.floor import FloorRow, _get, floor_table, measure_floor
+from waltz_client.tools.demo.floor import FloorRow, _get, floor_table, measure_floor
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,7 +37,7 @@ def test_the_table_shows_the_median_run_of_each_row() -> None:
 
 def bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", "bench", *args],
+        [sys.executable, "-m", "waltz_client.tools.cli", "bench", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,4 +1,4 @@
-"""The benchmarks' CPU accounting of other processes (waltz_client/process_cpu.py)."""
+"""The benchmarks' CPU accounting of other processes (waltz_client/runtime/process_cpu.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from waltz_client.process_cpu import cpu_seconds, process_cpu_seconds
+from waltz_client.runtime.process_cpu import cpu_seconds, process_cpu_seconds
 
 
 def test_a_busy_child_s_cpu_is_counted_to_well_under_a_tick() -> None:

@@ -18,7 +18,7 @@ def test_a_short_smoke_run_passes_under_faults(tmp_path, zookeeper_available, tl
         [
             sys.executable,
             "-m",
-            "waltz_client.cli",
+            "waltz_client.tools.cli",
             "smoke",
             "--data-dir",
             str(tmp_path / "smoke"),

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from waltz_client.demo.soak import load_verdict, verdict
+from waltz_client.tools.demo.soak import load_verdict, verdict
 
 NAMES = ["zookeeper", "storage-0", "server-0", "load"]
 
@@ -94,7 +94,7 @@ def test_a_short_soak_reports_rss_retention_and_skips(tmp_path, zookeeper_availa
         [
             sys.executable,
             "-m",
-            "waltz_client.cli",
+            "waltz_client.tools.cli",
             "soak",
             "--data-dir",
             str(tmp_path / "soak"),
@@ -173,7 +173,7 @@ def test_a_short_soak_reports_rss_retention_and_skips(tmp_path, zookeeper_availa
 
 def test_bad_arguments_are_one_error_line():
     result = subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", "soak", "--warm-up", "1.5"],
+        [sys.executable, "-m", "waltz_client.tools.cli", "soak", "--warm-up", "1.5"],
         capture_output=True,
         text=True,
         timeout=60,

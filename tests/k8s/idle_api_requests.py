@@ -31,7 +31,7 @@ from operator_harness import (
     running_operator,
 )
 
-from waltz_client.local.zookeeper import EmbeddedZooKeeper
+from waltz_client.tools.local.zookeeper import EmbeddedZooKeeper
 from waltz_operator import handlers
 
 

@@ -46,8 +46,8 @@ from typing import Any
 from strict_api import ApiError, StrictApi
 from strict_api.selectors import selector_from_match
 
-from waltz_client.local.cluster import _free_port
-from waltz_client.local.processes import DaemonProcess
+from waltz_client.tools.local.cluster import _free_port
+from waltz_client.tools.local.processes import DaemonProcess
 
 NODE = "node-1"
 MANAGER = "kube-controller-manager"

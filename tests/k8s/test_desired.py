@@ -236,7 +236,7 @@ def test_tls_and_zookeeper_secrets_reach_the_daemons_as_files_they_load(tmp_path
     """The Secrets are mounted read-only, and the settings that point at them are ones
     the daemons take: each tier's ConfigMap, with the mounts played by copies of real
     certificates, loads as the daemon's own configuration would."""
-    from waltz_client.local.certs import local_pki
+    from waltz_client.tools.local.certs import local_pki
     from waltz_server.config import load_config as load_server_config
     from waltz_storage.config import load_config as load_storage_config
 

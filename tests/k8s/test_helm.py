@@ -396,8 +396,8 @@ def test_helm_test_runs_waltz_check_against_the_cluster():
     assert container["command"][:2] == ["waltz", "check"]
     assert container["image"] == "ghcr.io/waltz-io/waltz-server:0.1.0"
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'check = "waltz_client.demo.check:register"' in pyproject
-    assert 'waltz = "waltz_client.cli:main"' in pyproject
+    assert 'check = "waltz_client.tools.demo.check:register"' in pyproject
+    assert 'waltz = "waltz_client.tools.cli:main"' in pyproject
     assert not by_kind(render()).get("Job")  # no cluster, nothing to test
 
 

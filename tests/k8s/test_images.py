@@ -897,7 +897,7 @@ def test_the_waltz_command_starts_without_the_extras():
     result = run_without(
         NOT_IN_THE_DAEMON_IMAGES,
         """
-        from waltz_client.cli import build_parser
+        from waltz_client.tools.cli import build_parser
         build_parser()
         """,
     )

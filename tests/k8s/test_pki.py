@@ -17,7 +17,13 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from waltz_client.tls import TlsContexts, TlsFiles, identity_allowed, parse_patterns, peer_identity
+from waltz_client.runtime.tls import (
+    TlsContexts,
+    TlsFiles,
+    identity_allowed,
+    parse_patterns,
+    peer_identity,
+)
 from waltz_operator import pki
 from waltz_operator.desired import allowed_storage_peers
 from waltz_operator.spec import parse

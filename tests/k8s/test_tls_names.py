@@ -38,15 +38,15 @@ from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close
-from waltz_client.local.certs import local_pki
-from waltz_client.local.cluster import LocalCluster
-from waltz_client.tls import (
+from waltz_client.runtime.tls import (
     TlsContexts,
     TlsFiles,
     identity_allowed,
     peer_identity,
     tls_open_connection,
 )
+from waltz_client.tools.local.certs import local_pki
+from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_operator.desired import desired_objects, selector
 from waltz_operator.spec import SERVER_HTTP_PORT, SERVER_PORT, ClusterSpec, parse

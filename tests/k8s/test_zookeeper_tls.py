@@ -1,5 +1,5 @@
 """The chart's bundled ZooKeeper on TLS, for real: Apache ZooKeeper's own server (the jars
-this repository runs ZooKeeper from, waltz_client/local/zookeeper.py) started with the
+this repository runs ZooKeeper from, waltz_client/tools/local/zookeeper.py) started with the
 zoo.cfg the image's entrypoint writes from the StatefulSet the chart renders (its
 ZOO_SERVERS, ZOO_CFG_EXTRA, ...; only paths and ports moved onto this machine), serving
 the certificate the operator's system PKI issues, mounted the way the kubelet mounts a
@@ -42,13 +42,13 @@ from test_helm import by_kind, render
 
 from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.zookeeper import (
+from waltz_client.runtime.tls import TlsFiles
+from waltz_client.tools.local.zookeeper import (
     QUORUM_MAIN,
     ZooKeeperUnavailable,
     find_java,
     find_zookeeper_classpath,
 )
-from waltz_client.tls import TlsFiles
 from waltz_operator import system_pki
 from waltz_operator.desired import desired_objects
 from waltz_operator.spec import parse

@@ -16,7 +16,7 @@ import pytest
 
 from waltz_client.cluster.admin import assign_partitions, read_params, unassign_partitions
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.cluster import LocalCluster, LocalClusterError
+from waltz_client.tools.local.cluster import LocalCluster, LocalClusterError
 from waltz_client.wire.records import Record, ReqId
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import StorageError
@@ -139,7 +139,7 @@ def test_waltz_local_up_serves_until_interrupted_and_leaves_nothing_behind(
         [
             sys.executable,
             "-m",
-            "waltz_client.cli",
+            "waltz_client.tools.cli",
             "local",
             "up",
             "--data-dir",
@@ -199,7 +199,7 @@ def test_waltz_local_up_refuses_a_data_dir_made_with_other_settings(tmp_path):
         [
             sys.executable,
             "-m",
-            "waltz_client.cli",
+            "waltz_client.tools.cli",
             "local",
             "up",
             "--data-dir",

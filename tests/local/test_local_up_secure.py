@@ -16,7 +16,7 @@ from kazoo.exceptions import NoAuthError
 
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.cluster import LocalCluster, LocalClusterError
+from waltz_client.tools.local.cluster import LocalCluster, LocalClusterError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -90,7 +90,15 @@ def test_waltz_local_up_is_tls_with_acls_and_only_on_loopback(tmp_path, zookeepe
     data = tmp_path / "up"
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "waltz_client.cli", "local", "up", "--data-dir", str(data)),
+            *(
+                sys.executable,
+                "-m",
+                "waltz_client.tools.cli",
+                "local",
+                "up",
+                "--data-dir",
+                str(data),
+            ),
             *("--storages", "2", "--replicas", "2", "--partitions", "2", "--servers", "1"),
         ],
         stdout=subprocess.PIPE,
@@ -150,7 +158,7 @@ def test_waltz_local_up_is_tls_with_acls_and_only_on_loopback(tmp_path, zookeepe
 
 def test_insecure_and_tls_are_exclusive(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", "local", "up", "--tls", "--insecure"],
+        [sys.executable, "-m", "waltz_client.tools.cli", "local", "up", "--tls", "--insecure"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from waltz_client.local.cluster import LocalClusterError, _free_port, _port_range
+from waltz_client.tools.local.cluster import LocalClusterError, _free_port, _port_range
 
 
 def test_slices_are_disjoint_and_cover_the_range(monkeypatch):

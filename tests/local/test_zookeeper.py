@@ -18,7 +18,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from waltz_client.local.zookeeper import (
+from waltz_client.tools.local.zookeeper import (
     EmbeddedZooKeeper,
     ZooKeeperUnavailable,
     _signals_held,
@@ -283,7 +283,7 @@ HANG_GUARD = 120.0
 def command_line(*args: str) -> list[str]:
     """The CLI as a background job of a shell without job control starts it: with SIGINT
     ignored (inherited). It must still stop on SIGINT, however pytest itself was started."""
-    cli = shlex.join([sys.executable, "-m", "waltz_client.local.zookeeper", *args])
+    cli = shlex.join([sys.executable, "-m", "waltz_client.tools.local.zookeeper", *args])
     return ["/bin/sh", "-c", f"trap '' INT; exec {cli}"]
 
 

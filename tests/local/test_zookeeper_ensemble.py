@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from test_zookeeper import kazoo, require_zookeeper
 
-from waltz_client.local.zookeeper import (
+from waltz_client.tools.local.zookeeper import (
     QUORUM_MAIN,
     SERVER_MAIN,
     EmbeddedZooKeeper,
     four_letter_word,
 )
-from waltz_client.local.zookeeper_ensemble import ZooKeeperEnsemble
+from waltz_client.tools.local.zookeeper_ensemble import ZooKeeperEnsemble
 
 
 def mode(member: EmbeddedZooKeeper) -> str:

@@ -1,5 +1,5 @@
 """A real PostgreSQL server for the DB-API callback tests: one per test process (started
-from the machine's PostgreSQL binaries, see waltz_client/local/postgres.py), a fresh
+from the machine's PostgreSQL binaries, see waltz_client/tools/local/postgres.py), a fresh
 database per test. Without PostgreSQL or psycopg, these tests skip and say why."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from waltz_client.local.postgres import LocalPostgres, PostgresUnavailable
+from waltz_client.tools.local.postgres import LocalPostgres, PostgresUnavailable
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (the postgres extra)")
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from waltz_client import WaltzClient, WaltzClientConfig
-from waltz_client.demo.bank import BankDb
+from waltz_client.tools.demo.bank import BankDb
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,7 +29,7 @@ WORKER = textwrap.dedent(
     """
     import asyncio, random, sys
     from waltz_client import WaltzClient, WaltzClientConfig
-    from waltz_client.demo.bank import BankDb, Transfer
+    from waltz_client.tools.demo.bank import BankDb, Transfer
 
     zookeeper, root, url, schema, seed = sys.argv[1:6]
 

@@ -13,7 +13,15 @@ pytestmark = pytest.mark.timeout(300)
 
 def demo(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", "demo", "--data-dir", str(tmp_path), *args],
+        [
+            sys.executable,
+            "-m",
+            "waltz_client.tools.cli",
+            "demo",
+            "--data-dir",
+            str(tmp_path),
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=280,

@@ -14,8 +14,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from waltz_client.local.processes import DaemonProcess
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime.tls import TlsFiles
+from waltz_client.tools.local.processes import DaemonProcess
 from waltz_client.wire.client_messages import SERVER_PROTOCOL_VERSIONS, HighWaterMarkRequest
 from waltz_client.wire.framing import HANDSHAKE_BYTES, HandshakeStatus, Hello, HelloReply, Service
 from waltz_client.wire.records import ReqId

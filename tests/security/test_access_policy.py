@@ -17,8 +17,8 @@ from waltz_client import Forbidden, SubmitStatus, WaltzClient, WaltzClientConfig
 from waltz_client.cluster import admin
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.certs import local_pki
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime.tls import TlsFiles
+from waltz_client.tools.local.certs import local_pki
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,7 +45,7 @@ def waltz_cluster(cluster, *args: str) -> subprocess.CompletedProcess:
         [
             sys.executable,
             "-m",
-            "waltz_client.cli",
+            "waltz_client.tools.cli",
             "cluster",
             *args,
             "--zookeeper",

@@ -19,8 +19,8 @@ from waltz_client.cluster.admin import new_client_id
 from waltz_client.cluster.client_ids import live_client_ids, read_binding
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.certs import local_pki
-from waltz_client.tls import TlsContexts, TlsFiles, tls_open_connection
+from waltz_client.runtime.tls import TlsContexts, TlsFiles, tls_open_connection
+from waltz_client.tools.local.certs import local_pki
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_client.wire.client_messages import (
     AllocateClientIdRequest,

@@ -24,7 +24,7 @@ from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.secure import plan_changes, same_acl, secure_cluster, servers_not_writers
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.cluster import LocalCluster
+from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 
 pytestmark = pytest.mark.timeout(300)
@@ -57,7 +57,7 @@ async def until(predicate, what: str) -> None:
 def secure(zk_connect: str, root: str, auth: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
-            *(sys.executable, "-m", "waltz_client.cli", "cluster", "secure"),
+            *(sys.executable, "-m", "waltz_client.tools.cli", "cluster", "secure"),
             *("--zookeeper", zk_connect, "--root", root, "--zk-auth-file", auth, *extra),
         ],
         capture_output=True,

@@ -13,7 +13,7 @@ import pytest
 
 from waltz_client import WaltzClientConfig
 from waltz_client.config import WaltzConfigError
-from waltz_client.settings import host_name, zookeeper_address
+from waltz_client.runtime.settings import host_name, zookeeper_address
 from waltz_storage.control_file import ControlFile
 
 KEY = "c0ffee00-1111-4222-8333-444455556666"

@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from waltz_client.fuzz import (
+from waltz_client.tools.fuzz import (
     MUTATIONS,
     PROTOCOLS,
     FuzzTarget,
@@ -33,13 +33,13 @@ from waltz_client.fuzz import (
     plan_connection,
     plan_connections,
 )
-from waltz_client.fuzz_tls import (
+from waltz_client.tools.fuzz_tls import (
     MAX_RECORD_BYTES,
     TLS_MUTATIONS,
     hello_fields,
     mutate_client_hello,
 )
-from waltz_client.local.certs import local_pki
+from waltz_client.tools.local.certs import local_pki
 from waltz_client.wire.client_messages import CLIENT_REQUESTS, decode_client_request
 from waltz_client.wire.framing import FrameDecoder, Hello
 from waltz_client.wire.storage_messages import STORAGE_REQUESTS, OpenRequest, decode_request
@@ -281,7 +281,7 @@ def test_bad_tls_flags_are_refused_naming_the_flag(args, message) -> None:
 
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "waltz_client.cli", "fuzz"),
+            *(sys.executable, "-m", "waltz_client.tools.cli", "fuzz"),
             *("--target", "127.0.0.1:1", "--protocol", "server", *args),
         ],
         capture_output=True,

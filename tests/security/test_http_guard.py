@@ -1,4 +1,4 @@
-"""The daemons' HTTP ports against slow and hostile peers (waltz_client.http_guard), on a
+"""The daemons' HTTP ports against slow and hostile peers (waltz_client.runtime.http_guard), on a
 real aiohttp app and real sockets: slow-loris heads and idle kept-alive connections are
 closed, connections are capped, a malformed request is one WARNING line, and a
 well-behaved scrape is answered meanwhile."""
@@ -11,7 +11,7 @@ import logging
 
 from aiohttp import web
 
-from waltz_client.http_guard import HttpLimits, start_guarded_http
+from waltz_client.runtime.http_guard import HttpLimits, start_guarded_http
 
 
 def app() -> web.Application:

@@ -39,8 +39,8 @@ from attack_helpers import (
 from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_client.cluster.admin import read_params
 from waltz_client.cluster.zk import close
-from waltz_client.local.certs import local_pki
-from waltz_client.tls import TlsContexts, tls_open_connection
+from waltz_client.runtime.tls import TlsContexts, tls_open_connection
+from waltz_client.tools.local.certs import local_pki
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_client.wire.framing import Service
 from waltz_client.wire.records import Record, ReqId

@@ -3,7 +3,7 @@
 glibc keeps large freed buffers in its heap for reuse, so a daemon's RSS could stay near
 the peak a connection made it reach long after the connection closed (150 unread Read
 Range requests: 221 -> 821 MB, not returned). The daemons now call malloc_trim(0),
-through ``waltz_client.memory_trim``, shortly after a connection closes.
+through ``waltz_client.runtime.memory_trim``, shortly after a connection closes.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from waltz_client import WaltzClient, WaltzClientConfig
-from waltz_client.local.processes import DaemonProcess
-from waltz_client.memory_trim import MALLOC_TRIM, MemoryTrimmer
+from waltz_client.runtime.memory_trim import MALLOC_TRIM, MemoryTrimmer
+from waltz_client.tools.local.processes import DaemonProcess
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_client.wire.client_messages import SERVER_PROTOCOL_VERSIONS, ReadRangeRequest
 from waltz_client.wire.framing import HANDSHAKE_BYTES, HandshakeStatus, Hello, HelloReply, Service

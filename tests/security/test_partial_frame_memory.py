@@ -12,7 +12,7 @@ budget (it now finishes in room kept free below the budget); a closed connection
 partial frame stayed until the cyclic collector found the connection, so the frames
 read after the peers closed piled up and stayed (now dropped in ``connection_lost``);
 and over TLS the records joined per read left the heap fragmented (now decrypted into
-one buffer, ``waltz_client.listener``). On a server, a connection that has not sent a
+one buffer, ``waltz_client.runtime.listener``). On a server, a connection that has not sent a
 first request may hold no more than 64 KiB of a frame.
 """
 
@@ -35,8 +35,8 @@ from attack_helpers import (
     start_storage,
 )
 
-from waltz_client.local.certs import local_pki
-from waltz_client.tls import TlsContexts
+from waltz_client.runtime.tls import TlsContexts
+from waltz_client.tools.local.certs import local_pki
 from waltz_client.wire.framing import Service
 
 pytestmark = pytest.mark.timeout(240)

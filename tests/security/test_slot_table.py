@@ -1,5 +1,5 @@
-"""The pure decisions behind connection slots (``waltz_client.peer_limits.SlotTable``,
-``waltz_client.http_guard.quietest``) and the partial-frame budget's room for the frame
+"""The pure decisions behind connection slots (``waltz_client.runtime.peer_limits.SlotTable``,
+``waltz_client.runtime.http_guard.quietest``) and the partial-frame budget's room for the frame
 let through to finish (``PeerGuard.pause_above``), without sockets.
 
 Checked here: the caps always hold; a ready connection is never displaced; at the
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from hypothesis import given
 from hypothesis import strategies as st
 
-from waltz_client.http_guard import quietest
-from waltz_client.peer_limits import MiB, PeerGuard, PeerLimits, SlotTable
+from waltz_client.runtime.http_guard import quietest
+from waltz_client.runtime.peer_limits import MiB, PeerGuard, PeerLimits, SlotTable
 
 
 @dataclass(eq=False)

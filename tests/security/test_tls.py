@@ -1,4 +1,4 @@
-"""waltz_client.tls on real sockets: mutual TLS, the peer's identity, certificates
+"""waltz_client.runtime.tls on real sockets: mutual TLS, the peer's identity, certificates
 reloaded when their files change (new connections get the new one, open connections
 stay up), a half-written rotation keeps the old one, and bad settings named."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from waltz_client.local.certs import local_pki
-from waltz_client.tls import TlsContexts, TlsError, TlsFiles, peer_identity
+from waltz_client.runtime.tls import TlsContexts, TlsError, TlsFiles, peer_identity
+from waltz_client.tools.local.certs import local_pki
 
 
 @pytest.fixture
@@ -155,7 +155,7 @@ def test_a_server_certificate_from_another_ca_is_refused(pki, tmp_path) -> None:
 
 
 def test_daemons_refuse_tls_files_that_cannot_work(pki, tmp_path) -> None:
-    from waltz_client.settings import ConfigError
+    from waltz_client.runtime.settings import ConfigError
     from waltz_server.config import load_config as server_config
     from waltz_storage.config import load_config as storage_config
 
@@ -212,7 +212,7 @@ def test_zookeeper_over_tls_needs_a_client_certificate(pki, tmp_path, zookeeper_
     a certificate of the CA gets in; one without, or on plain TCP, does not."""
     from waltz_client.cluster.errors import ClusterError
     from waltz_client.cluster.zk import close, connect
-    from waltz_client.local.zookeeper import EmbeddedZooKeeper
+    from waltz_client.tools.local.zookeeper import EmbeddedZooKeeper
 
     server_files = local_pki(str(tmp_path / "pki"), {"waltz-zookeeper": ["127.0.0.1"]})
     zk = EmbeddedZooKeeper(str(tmp_path / "zk"), tls=server_files["waltz-zookeeper"])

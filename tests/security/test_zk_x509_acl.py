@@ -18,10 +18,10 @@ from waltz_client.cluster.acl import x509_writer
 from waltz_client.cluster.admin import new_client_id, read_params
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.certs import local_pki
-from waltz_client.local.processes import DaemonProcess
-from waltz_client.local.zookeeper import EmbeddedZooKeeper
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime.tls import TlsFiles
+from waltz_client.tools.local.certs import local_pki
+from waltz_client.tools.local.processes import DaemonProcess
+from waltz_client.tools.local.zookeeper import EmbeddedZooKeeper
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,7 +57,7 @@ def waltz_cluster(zk: EmbeddedZooKeeper, files: TlsFiles, *args: str):
         [
             sys.executable,
             "-m",
-            "waltz_client.cli",
+            "waltz_client.tools.cli",
             "cluster",
             *args,
             "--zookeeper",

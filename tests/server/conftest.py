@@ -17,7 +17,7 @@ import time
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.cluster import LocalCluster
+from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_client.wire.client_messages import (
     AllocateClientIdRequest,

@@ -24,7 +24,7 @@ import pytest
 from waltz_client import SubmitStatus, WaltzClient, WaltzClientConfig
 from waltz_client.cluster.admin import create_cluster
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.cluster import _free_port
+from waltz_client.tools.local.cluster import _free_port
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 from waltz_client.wire.client_messages import (
     SERVER_PROTOCOL_VERSIONS,

@@ -103,7 +103,7 @@ def test_the_benchmark_names_a_bad_argument(args, message):
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", "server", "bench-catch-up", *args],
+        [sys.executable, "-m", "waltz_client.tools.cli", "server", "bench-catch-up", *args],
         capture_output=True,
         text=True,
         timeout=120,

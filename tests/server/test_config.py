@@ -695,7 +695,7 @@ def test_advertised_host_from_the_environment(host_name):
 def test_the_registration_names_the_tls_name_clients_check(host_name, tmp_path):
     """Without advertised_tls_name clients check the advertised host; with it (TLS only)
     the registration carries it beside the address."""
-    from waltz_client.local.certs import local_pki
+    from waltz_client.tools.local.certs import local_pki
 
     plain = load_config([*ZK, "--advertised-host", "10.1.2.3"], {}).registration("s", 1, 2)
     assert (plain.endpoint, plain.tls_name, plain.verified_name) == ("10.1.2.3:1", "", "10.1.2.3")

@@ -17,7 +17,7 @@ import pytest
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytest.importorskip("pyarrow", reason="the spark extra is not installed")
 
-from waltz_client.local.cluster import LocalCluster  # noqa: E402
+from waltz_client.tools.local.cluster import LocalCluster  # noqa: E402
 
 PARTITIONS = 4
 

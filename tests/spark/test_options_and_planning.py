@@ -162,8 +162,8 @@ def test_offsets_round_trip_through_json_keys():
 
 
 def test_tls_options_name_the_option_and_reach_the_client(tmp_path):
-    from waltz_client.local.certs import local_pki
     from waltz_client.spark.split_reader import client_config
+    from waltz_client.tools.local.certs import local_pki
 
     files = local_pki(str(tmp_path), {"waltz-client": ["127.0.0.1"]})["waltz-client"]
     options = {"zookeeper": "z:1", "tlsCert": files.cert, "tlsKey": files.key, "tlsCa": files.ca}

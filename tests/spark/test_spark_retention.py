@@ -30,10 +30,10 @@ from spark_helpers import (
 
 from waltz_client.blocking import BlockingWaltzClient
 from waltz_client.client import WaltzError
-from waltz_client.local.cluster import LocalCluster
 from waltz_client.spark.options import parse_read_options
 from waltz_client.spark.planning import Split
 from waltz_client.spark.split_reader import client_config, read_split
+from waltz_client.tools.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from spark_helpers import append, log_rows, read, spark_rows
 
-from waltz_client.local.cluster import LocalCluster
 from waltz_client.spark.options import WaltzOptionError, parse_read_options
 from waltz_client.spark.split_reader import client_config
+from waltz_client.tools.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,7 +57,7 @@ def test_a_batch_read_and_a_write_over_tls(spark, tls_cluster):
 
 
 def test_zookeeper_tls_options_name_the_option_and_reach_the_client(tmp_path):
-    from waltz_client.local.certs import local_pki
+    from waltz_client.tools.local.certs import local_pki
 
     files = local_pki(str(tmp_path), {"waltz-client": ["127.0.0.1"]})["waltz-client"]
     ca = files.ca

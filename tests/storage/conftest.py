@@ -56,7 +56,7 @@ def waltz_cli(
     """Run ``waltz ...`` (the admin command) in a child process; ``env``: variables set
     on top of the clean environment."""
     return subprocess.run(
-        [sys.executable, "-m", "waltz_client.cli", *args],
+        [sys.executable, "-m", "waltz_client.tools.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from waltz_client.daemon import HttpThread
+from waltz_client.runtime.daemon import HttpThread
 from waltz_client.wire.records import Record, ReqId
 from waltz_client.wire.storage_client import StorageClient
 from waltz_storage.http import build_app

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_protocol import SESSION, check_serves, raw_connect, read_until_closed, run
 
-from waltz_client.peer_limits import PeerLimits
+from waltz_client.runtime.peer_limits import PeerLimits
 from waltz_client.wire.framing import FrameDecoder, Hello, Service
 from waltz_client.wire.records import Record, RecordBatch, ReqId
 from waltz_client.wire.storage_client import StorageClient
@@ -298,7 +298,7 @@ def test_the_http_port_can_serve_https(storage_factory, tmp_path):
     import ssl
     import urllib.request
 
-    from waltz_client.local.certs import local_pki
+    from waltz_client.tools.local.certs import local_pki
 
     files = local_pki(str(tmp_path / "pki"), {"waltz-storage-0": ["127.0.0.1"]})["waltz-storage-0"]
     node = storage_factory(

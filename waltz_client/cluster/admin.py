@@ -21,7 +21,7 @@ from kazoo.exceptions import (
     NotEmptyError,
 )
 
-from waltz_client.partition_ranges import format_partition_ranges
+from waltz_client.cluster.partition_ranges import format_partition_ranges
 
 from .access import AccessPolicy
 from .client_ids import new_client_ids

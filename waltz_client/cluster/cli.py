@@ -12,10 +12,10 @@ from collections.abc import Callable
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from waltz_client.partition_ranges import format_partition_ranges, parse_partition_ranges
+from waltz_client.cluster.partition_ranges import format_partition_ranges, parse_partition_ranges
+from waltz_client.runtime.settings import parse_size, zookeeper_address
+from waltz_client.runtime.tls import TlsFiles
 
-from ..settings import parse_size, zookeeper_address
-from ..tls import TlsFiles
 from . import admin
 from .access import AccessPolicy
 from .acl import (

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from ..runtime.settings import text
 
 
 def normalise_root(root: str) -> str:
@@ -14,6 +17,12 @@ def normalise_root(root: str) -> str:
         if p in (".", "..") or (p == "zookeeper" and parts[0] == "zookeeper"):
             raise ValueError(f"the cluster root {root!r} has a reserved segment {p!r}")
     return "/" + "/".join(parts)
+
+
+def znode_root(value: Any) -> str:
+    """The ``zk_root`` setting: a cluster root such as /waltz, normalised (ValueError names
+    what is wrong)."""
+    return normalise_root(text(value))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from .acl import ZkCredential, metadata_acl
 from .errors import ClusterError
 
 if TYPE_CHECKING:
-    from ..tls import TlsFiles
+    from waltz_client.runtime.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 

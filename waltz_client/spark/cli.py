@@ -15,12 +15,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from waltz_client import event_loop
 from waltz_client.client import WaltzClient
 from waltz_client.config import WaltzClientConfig
-from waltz_client.demo.common import check_at_least_one, fresh_cluster, open_loop
-from waltz_client.local.cluster import LocalCluster
-from waltz_client.process_cpu import cpu_seconds
+from waltz_client.runtime import event_loop
+from waltz_client.runtime.process_cpu import cpu_seconds
+from waltz_client.tools.demo.common import check_at_least_one, fresh_cluster, open_loop
+from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.transaction import TransactionBuilder, TransactionContext
 
 from .planning import plan_splits

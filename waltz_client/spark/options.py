@@ -11,9 +11,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from waltz_client.cluster.partition_ranges import parse_partition_ranges
 from waltz_client.cluster.paths import normalise_root
-from waltz_client.partition_ranges import parse_partition_ranges
-from waltz_client.tls import TlsError, TlsFiles
+from waltz_client.runtime.tls import TlsError, TlsFiles
 
 EARLIEST = -2  # in a JSON offset map, as in Spark's Kafka source
 LATEST = -1

@@ -18,8 +18,8 @@ import platform
 import tempfile
 import time
 
-from waltz_client import event_loop
-from waltz_client.local.cluster import LocalCluster
+from waltz_client.runtime import event_loop
+from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.wire.client_messages import (
     AppendRequest,
     ClientMessage,

@@ -21,10 +21,10 @@ import re
 import tempfile
 import time
 
-from waltz_client import event_loop
 from waltz_client.cluster.admin import assign_partitions, read_assignment
 from waltz_client.cluster.zk import close, connect
-from waltz_client.local.cluster import LocalCluster
+from waltz_client.runtime import event_loop
+from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.wire.client_messages import (
     AppendRequest,
     ClientMessage,

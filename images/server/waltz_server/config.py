@@ -1,4 +1,4 @@
-"""Server settings: the schema (``waltz_client.settings`` loads it) and the checks that span
+"""Server settings: the schema (``waltz_client.runtime.settings`` loads it) and the checks that span
 several settings. Variables are ``WALTZ_SERVER_<NAME>``."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from waltz_client.cluster.acl import ZkCredential, credential_from_setting, session_identities
 from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import ServerRegistration
-from waltz_client.peer_limits import peer_limit_settings
-from waltz_client.settings import (
+from waltz_client.cluster.paths import znode_root
+from waltz_client.runtime.peer_limits import peer_limit_settings
+from waltz_client.runtime.settings import (
     REQUIRED,
     ConfigError,
     Setting,
@@ -26,10 +27,9 @@ from waltz_client.settings import (
     optional_host_name,
     size_at_least,
     writable_file_path,
-    znode_root,
     zookeeper_address,
 )
-from waltz_client.tls import TlsFiles, check_tls, zk_tls_of, zk_tls_settings
+from waltz_client.runtime.tls import TlsFiles, check_tls, zk_tls_of, zk_tls_settings
 from waltz_client.wire.client_messages import MAX_LOCKS
 from waltz_client.wire.records import DEFAULT_MAX_DATA_BYTES
 

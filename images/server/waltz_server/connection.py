@@ -8,7 +8,7 @@ buffer is over its high-water mark (a peer that does not read its replies), and
 while too many read tasks are in flight; feeds wait while the write buffer is
 full (a slow reader only slows itself). Feeds and mounts per connection are
 capped; the daemon-wide bounds (connections, deadlines, partial frames) are
-``waltz_client.peer_limits``.
+``waltz_client.runtime.peer_limits``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from kazoo.exceptions import KazooException
 from waltz_client.cluster.access import OPEN_ACCESS, Access, AccessPolicy
 from waltz_client.cluster.client_ids import ClientIdRefused
 from waltz_client.cluster.errors import ClusterError
-from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
-from waltz_client.peer_warnings import PeerWarnings
-from waltz_client.tls import peer_identity
+from waltz_client.runtime.peer_limits import FrameProgress, PeerGuard, PeerLimits
+from waltz_client.runtime.peer_warnings import PeerWarnings
+from waltz_client.runtime.tls import peer_identity
 from waltz_client.wire.client_messages import (
     SERVER_PROTOCOL_VERSIONS,
     AllocateClientIdRequest,

@@ -36,7 +36,7 @@ from waltz_client.cluster.metadata import (
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.retention import RetentionPolicy
 from waltz_client.cluster.zk import close, connect
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime.tls import TlsFiles
 
 from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay
 from .recovery_manager import AssignmentChanged, MetadataConflict

@@ -8,8 +8,8 @@ import os
 import signal
 import sys
 
-from waltz_client.daemon import run_daemon, settle_heap, start_http, write_ready_file
-from waltz_client.tls import warn_plaintext
+from waltz_client.runtime.daemon import run_daemon, settle_heap, start_http, write_ready_file
+from waltz_client.runtime.tls import warn_plaintext
 from waltz_client.wire.native import describe as describe_loops
 
 from .config import ConfigError, ServerConfig, load_config

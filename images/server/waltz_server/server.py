@@ -14,10 +14,10 @@ import logging
 
 from waltz_client.cluster.access import DENY_ALL, AccessPolicy
 from waltz_client.cluster.metadata import ReplicaAssignment
-from waltz_client.listener import listen
-from waltz_client.peer_limits import PeerGuard, peer_limits_of
-from waltz_client.tasks import spawn
-from waltz_client.tls import TlsContexts, tls_open_connection
+from waltz_client.runtime.listener import listen
+from waltz_client.runtime.peer_limits import PeerGuard, peer_limits_of
+from waltz_client.runtime.tasks import spawn
+from waltz_client.runtime.tls import TlsContexts, tls_open_connection
 
 from .catch_up import CatchUpSettings
 from .client_identity import ClientBindings
@@ -101,7 +101,7 @@ class WaltzServer:
     async def listen(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         tls = self.config.tls
-        # Each connection counts from accept, before its TLS handshake (waltz_client.listener).
+        # Each connection counts from accept, before its TLS handshake (runtime/listener.py).
         context = TlsContexts(tls, listening=True).listening_context() if tls.enabled else None
         self._listener = await listen(
             self._new_connection,

@@ -25,8 +25,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from waltz_client import event_loop
-from waltz_client.process_cpu import process_cpu_seconds
+from waltz_client.runtime import event_loop
+from waltz_client.runtime.process_cpu import process_cpu_seconds
 from waltz_client.wire.framing import FRAME_HEADER
 from waltz_client.wire.native import describe as describe_loops
 from waltz_client.wire.records import Record, RecordBatch, ReqId

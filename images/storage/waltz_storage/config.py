@@ -1,4 +1,4 @@
-"""Storage node settings: the schema (``waltz_client.settings`` loads it) and the checks
+"""Storage node settings: the schema (``waltz_client.runtime.settings`` loads it) and the checks
 that span several settings. Variables are ``WALTZ_STORAGE_<NAME>``."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from waltz_client.cluster.metadata import validate_storage_address
-from waltz_client.partition_ranges import parse_partition_ranges
-from waltz_client.peer_limits import peer_limit_settings
-from waltz_client.settings import (
+from waltz_client.cluster.partition_ranges import parse_partition_ranges
+from waltz_client.cluster.paths import znode_root
+from waltz_client.runtime.peer_limits import peer_limit_settings
+from waltz_client.runtime.settings import (
     REQUIRED,
     ConfigError,
     Setting,
@@ -26,9 +27,8 @@ from waltz_client.settings import (
     size_at_least,
     text,
     writable_file_path,
-    znode_root,
 )
-from waltz_client.tls import TlsFiles, check_tls, parse_patterns, zk_tls_of, zk_tls_settings
+from waltz_client.runtime.tls import TlsFiles, check_tls, parse_patterns, zk_tls_of, zk_tls_settings
 
 ENV_PREFIX = "WALTZ_STORAGE_"
 __all__ = ["ConfigError", "StorageConfig", "build_parser", "load_config"]

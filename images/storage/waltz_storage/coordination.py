@@ -29,7 +29,7 @@ from waltz_client.cluster.metadata import (
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.replica_safety import still_needed
 from waltz_client.cluster.zk import close, connect
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ import signal
 import sys
 
 from waltz_client.cluster.metadata import ReplicaAssignment, key_fingerprint
-from waltz_client.daemon import HttpThread, run_daemon, settle_heap, write_ready_file
-from waltz_client.partition_ranges import format_partition_ranges
-from waltz_client.peer_limits import peer_limits_of
-from waltz_client.tls import TlsContexts, warn_plaintext
+from waltz_client.cluster.partition_ranges import format_partition_ranges
+from waltz_client.runtime.daemon import HttpThread, run_daemon, settle_heap, write_ready_file
+from waltz_client.runtime.peer_limits import peer_limits_of
+from waltz_client.runtime.tls import TlsContexts, warn_plaintext
 from waltz_client.wire.native import describe as describe_loops
 
 from .config import ConfigError, StorageConfig, load_config

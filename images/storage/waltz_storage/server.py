@@ -9,7 +9,7 @@ unsent responses exceed a limit (a peer that does not read), or while the frames
 partly received on all connections together exceed a budget; frames it has already
 received wait, undispatched, until it reads again.
 
-Bounds against a hostile or broken peer (``waltz_client.peer_limits``): a connection
+Bounds against a hostile or broken peer (``waltz_client.runtime.peer_limits``): a connection
 cap and a cap per address, counted from accept, before the TLS handshake; a
 connection not yet opened gives up its slot to a newcomer at either cap, so strangers
 cannot lock servers out; small frames until Open has checked the cluster key; a
@@ -29,10 +29,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from waltz_client.listener import listen
-from waltz_client.peer_limits import FrameProgress, PeerGuard, PeerLimits
-from waltz_client.peer_warnings import PeerWarnings
-from waltz_client.tls import TlsContexts, identity_allowed, peer_identity
+from waltz_client.runtime.listener import listen
+from waltz_client.runtime.peer_limits import FrameProgress, PeerGuard, PeerLimits
+from waltz_client.runtime.peer_warnings import PeerWarnings
+from waltz_client.runtime.tls import TlsContexts, identity_allowed, peer_identity
 from waltz_client.wire.errors import ProtocolError
 from waltz_client.wire.framing import (
     DEFAULT_MAX_FRAME_BYTES,

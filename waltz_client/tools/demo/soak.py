@@ -66,18 +66,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from .. import event_loop
-from ..callbacks import WaltzClientCallbacks
-from ..client import MissingTransactions, SubmitStatus, WaltzClient, WaltzError
-from ..cluster import admin
-from ..cluster.retention import RetentionRule
-from ..cluster.zk import close
-from ..config import WaltzClientConfig
-from ..local.cli import add_security_flags
-from ..local.cluster import HOST, LocalCluster
-from ..local.processes import DaemonProcess
-from ..settings import parse_size
-from ..transaction import Transaction, TransactionBuilder, TransactionContext
+from waltz_client.callbacks import WaltzClientCallbacks
+from waltz_client.client import MissingTransactions, SubmitStatus, WaltzClient, WaltzError
+from waltz_client.cluster import admin
+from waltz_client.cluster.retention import RetentionRule
+from waltz_client.cluster.zk import close
+from waltz_client.config import WaltzClientConfig
+from waltz_client.runtime import event_loop
+from waltz_client.runtime.settings import parse_size
+from waltz_client.tools.local.cli import add_security_flags
+from waltz_client.tools.local.cluster import HOST, LocalCluster
+from waltz_client.tools.local.processes import DaemonProcess
+from waltz_client.transaction import Transaction, TransactionBuilder, TransactionContext
+
 from .common import open_loop
 
 MB = 1_000_000

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
-from ..cluster.admin import read_cluster
-from ..cluster.zk import close
-from ..wire.storage_client import StorageClient, StorageFailure
+from waltz_client.cluster.admin import read_cluster
+from waltz_client.cluster.zk import close
+from waltz_client.wire.storage_client import StorageClient, StorageFailure
+
 from .cluster import LocalCluster
 
 

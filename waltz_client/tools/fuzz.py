@@ -33,10 +33,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from . import event_loop
-from .fuzz_tls import capture_client_hello, mutate_client_hello
-from .tls import TlsFiles, build_context
-from .wire.client_messages import (
+from waltz_client.runtime import event_loop
+from waltz_client.runtime.tls import TlsFiles, build_context
+from waltz_client.wire.client_messages import (
     CLIENT_REQUESTS,
     SERVER_PROTOCOL_VERSIONS,
     AllocateClientIdRequest,
@@ -49,10 +48,16 @@ from .wire.client_messages import (
     ReadRangeRequest,
     TransactionDataRequest,
 )
-from .wire.errors import describe
-from .wire.framing import DEFAULT_MAX_FRAME_BYTES, HANDSHAKE_BYTES, MAGIC, Hello, Service
-from .wire.records import Record, RecordBatch, ReqId
-from .wire.storage_messages import (
+from waltz_client.wire.errors import describe
+from waltz_client.wire.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    HANDSHAKE_BYTES,
+    MAGIC,
+    Hello,
+    Service,
+)
+from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.storage_messages import (
     STORAGE_PROTOCOL_VERSIONS,
     STORAGE_REQUESTS,
     LastSessionInfoRequest,
@@ -68,7 +73,9 @@ from .wire.storage_messages import (
     StorageMessageType,
     TruncateRequest,
 )
-from .wire.storage_messages import AppendRequest as StorageAppendRequest
+from waltz_client.wire.storage_messages import AppendRequest as StorageAppendRequest
+
+from .fuzz_tls import capture_client_hello, mutate_client_hello
 
 if TYPE_CHECKING:
     from .local.cluster import LocalCluster
@@ -1087,9 +1094,9 @@ async def check_client(
     """Append ``transactions`` transactions through the client library, spread over the
     partitions, and read each back (its data, and a range read). A healthy cluster
     takes well under a second; ``timeout`` only bounds a cluster that does not serve."""
-    from .client import WaltzClient
-    from .config import WaltzClientConfig
-    from .transaction import TransactionBuilder, TransactionContext
+    from waltz_client.client import WaltzClient
+    from waltz_client.config import WaltzClientConfig
+    from waltz_client.transaction import TransactionBuilder, TransactionContext
 
     class Put(TransactionContext):
         def __init__(self, partition: int, data: bytes) -> None:
@@ -1431,8 +1438,8 @@ def _cmd_target(args: argparse.Namespace) -> int:
         return 2
     key, partitions = args.cluster_key, args.num_partitions
     if args.zookeeper:
-        from .cluster.admin import read_params
-        from .cluster.zk import close, connect
+        from waltz_client.cluster.admin import read_params
+        from waltz_client.cluster.zk import close, connect
 
         zk = connect(args.zookeeper)
         try:

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..dbapi import DatabaseCallbacks
-from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
+from waltz_client.dbapi import DatabaseCallbacks
+from waltz_client.transaction import Lock, Transaction, TransactionBuilder, TransactionContext
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL);

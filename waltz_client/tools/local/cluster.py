@@ -39,7 +39,7 @@ from waltz_client.cluster.admin import CreateResult, create_cluster
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.secure import same_acl, secure_cluster
 from waltz_client.cluster.zk import close, connect
-from waltz_client.tls import TlsContexts, TlsFiles, tls_open_connection
+from waltz_client.runtime.tls import TlsContexts, TlsFiles, tls_open_connection
 
 from .certs import local_pki
 from .processes import DaemonProcess

@@ -19,15 +19,16 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from .. import event_loop
-from ..client import SubmitStatus, WaltzClient
-from ..cluster.errors import ClusterError
-from ..config import WaltzClientConfig
-from ..local.cli import add_security_flags
-from ..local.cluster import LocalCluster, LocalClusterError
-from ..local.processes import ProcessFailed
-from ..local.verify import converged_digests
-from ..local.zookeeper import ZooKeeperUnavailable
+from waltz_client.client import SubmitStatus, WaltzClient
+from waltz_client.cluster.errors import ClusterError
+from waltz_client.config import WaltzClientConfig
+from waltz_client.runtime import event_loop
+from waltz_client.tools.local.cli import add_security_flags
+from waltz_client.tools.local.cluster import LocalCluster, LocalClusterError
+from waltz_client.tools.local.processes import ProcessFailed
+from waltz_client.tools.local.verify import converged_digests
+from waltz_client.tools.local.zookeeper import ZooKeeperUnavailable
+
 from . import bank
 from .common import FAST_FAILOVER, check_at_least_one, fresh_cluster
 

@@ -8,7 +8,7 @@ which ships ZooKeeper's server. Java (17 or later) must be installed.
     with EmbeddedZooKeeper("/tmp/zk") as zk:
         client = KazooClient(hosts=zk.connect_string)
 
-Run ``python -m waltz_client.local.zookeeper --data-dir DIR [--port PORT]`` to serve
+Run ``python -m waltz_client.tools.local.zookeeper --data-dir DIR [--port PORT]`` to serve
 one from a terminal until Ctrl-C.
 """
 
@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType, TracebackType
 from typing import IO, Any
 
-from waltz_client.local.processes import wait_until_stopped
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime.tls import TlsFiles
+from waltz_client.tools.local.processes import wait_until_stopped
 
 __all__ = [
     "EmbeddedZooKeeper",
@@ -56,7 +56,7 @@ if _PROBE_LOG.level == logging.NOTSET:
     _PROBE_LOG.setLevel(logging.ERROR)
 
 _LOG4J2_PROPERTIES = """\
-# Written by waltz_client.local.zookeeper: the server's log goes to stdout (the log file).
+# Written by waltz_client.tools.local.zookeeper: the server's log goes to stdout (the log file).
 status = error
 rootLogger.level = {level}
 rootLogger.appenderRef.stdout.ref = stdout
@@ -526,7 +526,7 @@ class EmbeddedZooKeeper:
             config.update({"initLimit": "10", "syncLimit": "5"})
             config.update({f"server.{i}": address for i, address in sorted(self.quorum.items())})
             _write_file(os.path.join(self.data_dir, "myid"), f"{self.server_id}\n")
-        text = "# Written by waltz_client.local.zookeeper on each start.\n" + "".join(
+        text = "# Written by waltz_client.tools.local.zookeeper on each start.\n" + "".join(
             f"{key}={value}\n" for key, value in config.items()
         )
         _write_file(self.config_path, text)
@@ -647,7 +647,7 @@ def _write_file(path: str, text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m waltz_client.local.zookeeper",
+        prog="python -m waltz_client.tools.local.zookeeper",
         description="Serve a local ZooKeeper until Ctrl-C (data survives in --data-dir).",
     )
     parser.add_argument("--data-dir", required=True, help="where ZooKeeper keeps its data")

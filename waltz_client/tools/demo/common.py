@@ -9,7 +9,7 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable
 
-from ..local.cluster import LocalCluster
+from waltz_client.tools.local.cluster import LocalCluster
 
 # A dead server's partitions move once its ZooKeeper session expires: keep that short.
 FAST_FAILOVER = ["--zk-session-timeout", "4"]

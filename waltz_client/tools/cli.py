@@ -12,7 +12,7 @@ import logging
 import sys
 from importlib.metadata import entry_points
 
-from . import event_loop
+from waltz_client.runtime import event_loop
 
 
 def build_parser() -> argparse.ArgumentParser:

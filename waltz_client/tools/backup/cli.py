@@ -12,15 +12,15 @@ import uuid
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from waltz_client import event_loop
 from waltz_client.client import WaltzError
 from waltz_client.cluster.acl import credential_from_setting
 from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_client.config import WaltzClientConfig, WaltzConfigError
-from waltz_client.settings import parse_size, zookeeper_address
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime import event_loop
+from waltz_client.runtime.settings import parse_size, zookeeper_address
+from waltz_client.runtime.tls import TlsFiles
 
 from .backup import BackupSettings, run_backup
 from .format import BackupError, verify_backup

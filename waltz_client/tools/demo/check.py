@@ -16,13 +16,13 @@ import sys
 import time
 import uuid
 
-from .. import event_loop
-from ..callbacks import WaltzClientCallbacks
-from ..client import SubmitStatus, WaltzClient
-from ..cluster.errors import ClusterError
-from ..config import WaltzClientConfig, WaltzConfigError
-from ..tls import TlsFiles
-from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
+from waltz_client.callbacks import WaltzClientCallbacks
+from waltz_client.client import SubmitStatus, WaltzClient
+from waltz_client.cluster.errors import ClusterError
+from waltz_client.config import WaltzClientConfig, WaltzConfigError
+from waltz_client.runtime import event_loop
+from waltz_client.runtime.tls import TlsFiles
+from waltz_client.transaction import Lock, Transaction, TransactionBuilder, TransactionContext
 
 LOCK_KEYS = 8  # shared keys: appends conflict and retry
 IN_FLIGHT = 16  # submissions at once: about two per key, so retries end

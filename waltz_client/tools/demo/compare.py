@@ -28,10 +28,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from .. import event_loop
-from ..local.zookeeper_ensemble import ZooKeeperEnsemble
-from ..process_cpu import cpu_seconds
-from ..wire.native import describe as describe_loops
+from waltz_client.runtime import event_loop
+from waltz_client.runtime.process_cpu import cpu_seconds
+from waltz_client.tools.local.zookeeper_ensemble import ZooKeeperEnsemble
+from waltz_client.wire.native import describe as describe_loops
+
 from .common import WritesMeasured, fresh_cluster
 
 DEFAULT_CONCURRENCY = (1, 16, 64, 256)
@@ -92,8 +93,9 @@ def _waltz_load(
     seconds: float,
     out,
 ) -> None:
-    from ..client import SubmitStatus, WaltzClient
-    from ..config import WaltzClientConfig
+    from waltz_client.client import SubmitStatus, WaltzClient
+    from waltz_client.config import WaltzClientConfig
+
     from .bench import _Put
 
     async def main() -> tuple[int, list[float]]:

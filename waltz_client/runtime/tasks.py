@@ -12,7 +12,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from .wire.errors import describe
+from waltz_client.wire.errors import describe
 
 
 def spawn(

@@ -15,13 +15,14 @@ import platform
 import random
 import time
 
-from .. import event_loop
-from ..callbacks import WaltzClientCallbacks
-from ..client import SubmitStatus, WaltzClient
-from ..config import WaltzClientConfig
-from ..local.cli import add_security_flags
-from ..local.cluster import LocalCluster
-from ..transaction import Lock, Transaction, TransactionBuilder, TransactionContext
+from waltz_client.callbacks import WaltzClientCallbacks
+from waltz_client.client import SubmitStatus, WaltzClient
+from waltz_client.config import WaltzClientConfig
+from waltz_client.runtime import event_loop
+from waltz_client.tools.local.cli import add_security_flags
+from waltz_client.tools.local.cluster import LocalCluster
+from waltz_client.transaction import Lock, Transaction, TransactionBuilder, TransactionContext
+
 from .common import check_at_least_one, fresh_cluster, open_loop
 
 

@@ -182,13 +182,6 @@ def text(value: Any) -> str:
     return value
 
 
-def znode_root(value: Any) -> str:
-    """A cluster root such as /waltz, normalised (ValueError names what is wrong)."""
-    from .cluster.paths import normalise_root
-
-    return normalise_root(text(value))
-
-
 def boolean(value: Any) -> bool:
     if isinstance(value, bool):
         return value

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from waltz_client.tls import TlsFiles
+from waltz_client.runtime.tls import TlsFiles
 
 CA_FILE = "ca.pem"
 

@@ -1,0 +1,8 @@
+"""What every daemon shares: settings and their checks, TLS, the connection listener and
+peer limits, the guarded HTTP endpoint, the event loop, tasks, memory trim, the file limit,
+process CPU time and the daemon runner.
+
+It sits just above ``wire`` and below ``cluster``: it imports neither the client nor any
+daemon, and it loads nothing until a module of it is imported (so the client, which uses
+``tls``, ``tasks`` and ``settings``, never loads aiohttp through ``daemon`` or ``http_guard``).
+"""
