@@ -101,7 +101,7 @@ class _BenchClient:
         await conn.close()
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
+def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
@@ -141,9 +141,9 @@ async def _drive(cluster: LocalCluster, args: argparse.Namespace) -> dict:
         "seconds": elapsed,
         "tx_per_s": committed / elapsed,
         "mb_per_s": committed * args.size / elapsed / 1e6,
-        "p50_ms": _percentile(latencies, 0.50) * 1000,
-        "p99_ms": _percentile(latencies, 0.99) * 1000,
-        "p999_ms": _percentile(latencies, 0.999) * 1000,
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+        "p999_ms": percentile(latencies, 0.999) * 1000,
     }
 
 

@@ -36,7 +36,7 @@ from waltz_client.wire.client_messages import (
 from waltz_client.wire.records import ReqId
 from waltz_client.wire.server_connection import ServerConnection
 
-from .bench import _percentile
+from .commit_rate import percentile
 
 CAUGHT_UP = re.compile(r"caught up to (\d+): (\d+) transactions in ([\d.]+) s")
 
@@ -188,8 +188,8 @@ async def _drive(cluster: LocalCluster, args: argparse.Namespace) -> dict:
         "copy_rate": copied / seconds if seconds else float("inf"),
         "until_joined": joined - added,
         "max_gap_ms": (gaps[-1] if gaps else 0.0) * 1000,
-        "p50_ms": _percentile(latencies, 0.50) * 1000,
-        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
         "max_ms": (latencies[-1] if latencies else 0.0) * 1000,
         "committed": len(latencies),
     }
