@@ -19,9 +19,8 @@ from waltz_client.client import WaltzClient
 from waltz_client.config import WaltzClientConfig
 from waltz_client.runtime import event_loop
 from waltz_client.runtime.process_cpu import cpu_seconds
-from waltz_client.tools.demo.common import check_at_least_one, fresh_cluster, open_loop
+from waltz_client.tools.demo.common import Put, check_at_least_one, fresh_cluster, open_loop
 from waltz_client.tools.local.cluster import LocalCluster
-from waltz_client.transaction import TransactionBuilder, TransactionContext
 
 from .planning import plan_splits
 
@@ -46,21 +45,6 @@ def register(groups: argparse._SubParsersAction) -> None:
     b.set_defaults(func=cmd_bench)
 
 
-class _Put(TransactionContext):
-    __slots__ = ("data", "partition")
-
-    def __init__(self, partition: int, data: bytes) -> None:
-        self.partition, self.data = partition, data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.partition
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_header(self.partition)
-        builder.set_data(self.data)
-        return True
-
-
 def _config(cluster: LocalCluster) -> WaltzClientConfig:
     return WaltzClientConfig(
         cluster.zookeeper_connect,
@@ -79,7 +63,7 @@ async def _fill(cluster: LocalCluster, count: int, size: int, partitions: int) -
 
         async def worker() -> None:
             for i in work:
-                result = await client.submit(_Put(i % partitions, payload))
+                result = await client.submit(Put(i % partitions, payload, header=i % partitions))
                 if not result.committed:
                     raise RuntimeError(f"fill: {result.reason}")
 
@@ -95,7 +79,7 @@ async def _produce_at(
     async with WaltzClient(_config(cluster)) as client:
 
         async def one(i: int) -> None:
-            result = await client.submit(_Put(i % partitions, payload))
+            result = await client.submit(Put(i % partitions, payload, header=i % partitions))
             if result.committed:
                 committed[(i % partitions, result.transaction_id)] = time.time()
 

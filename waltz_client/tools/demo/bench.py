@@ -21,9 +21,9 @@ from waltz_client.config import WaltzClientConfig
 from waltz_client.runtime import event_loop
 from waltz_client.tools.local.cli import add_security_flags
 from waltz_client.tools.local.cluster import LocalCluster
-from waltz_client.transaction import Lock, Transaction, TransactionBuilder, TransactionContext
+from waltz_client.transaction import Lock, Transaction
 
-from .common import check_at_least_one, fresh_cluster, open_loop
+from .common import Put, check_at_least_one, fresh_cluster, open_loop
 
 
 def register(groups: argparse._SubParsersAction) -> None:
@@ -67,24 +67,6 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench, sweep_defaults={n: p.get_default(n) for n in SWEEP_ONLY})
 
 
-class _Put(TransactionContext):
-    __slots__ = ("data", "lock", "partition")
-
-    def __init__(self, partition: int, data: bytes, lock: Lock | None) -> None:
-        self.partition = partition
-        self.data = data
-        self.lock = lock
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.partition
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        if self.lock is not None:
-            builder.set_write_locks(self.lock)
-        return True
-
-
 class _Counter(WaltzClientCallbacks):
     def __init__(self) -> None:
         self.hwm: dict[int, int] = {}
@@ -116,7 +98,7 @@ async def _produce(args, cluster: LocalCluster) -> dict:
     for c in clients:
         await c.start()
         for p in range(args.partitions):  # mount before the clock starts
-            await c.submit(_Put(p, b"warm-up", None))
+            await c.submit(Put(p, b"warm-up", None))
     payload = os.urandom(args.size)
     rng = random.Random(1)
     latencies: list[float] = []
@@ -126,7 +108,7 @@ async def _produce(args, cluster: LocalCluster) -> dict:
     async def one(i: int) -> None:
         nonlocal attempts, failed
         lock = Lock("bench", rng.randrange(args.lock_pool)) if args.lock_pool else None
-        ctx = _Put(i % args.partitions, payload, lock)
+        ctx = Put(i % args.partitions, payload, lock)
         t0 = time.perf_counter()
         r = await clients[i % len(clients)].submit(ctx)
         attempts += r.attempts

@@ -10,9 +10,37 @@ import time
 from collections.abc import Awaitable, Callable
 
 from waltz_client.tools.local.cluster import LocalCluster
+from waltz_client.transaction import Lock, TransactionBuilder, TransactionContext
 
 # A dead server's partitions move once its ZooKeeper session expires: keep that short.
 FAST_FAILOVER = ["--zk-session-timeout", "4"]
+
+
+class Put(TransactionContext):
+    """One transaction of given bytes on a given partition, with an optional header and write
+    lock: the load of ``waltz bench``, its ``--compare`` sweep, ``waltz soak`` and the Spark
+    demo job."""
+
+    __slots__ = ("data", "header", "lock", "partition")
+
+    def __init__(
+        self, partition: int, data: bytes, lock: Lock | None = None, header: int | None = None
+    ) -> None:
+        self.partition = partition
+        self.data = data
+        self.lock = lock
+        self.header = header
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        if self.header is not None:
+            builder.set_header(self.header)
+        builder.set_data(self.data)
+        if self.lock is not None:
+            builder.set_write_locks(self.lock)
+        return True
 
 
 class WritesMeasured:

@@ -33,7 +33,7 @@ from waltz_client.runtime.process_cpu import cpu_seconds
 from waltz_client.tools.local.zookeeper_ensemble import ZooKeeperEnsemble
 from waltz_client.wire.native import describe as describe_loops
 
-from .common import WritesMeasured, fresh_cluster
+from .common import Put, WritesMeasured, fresh_cluster
 
 DEFAULT_CONCURRENCY = (1, 16, 64, 256)
 WALTZ_SYSTEMS = ("waltz, 1 partition", "waltz, 4 partitions")
@@ -96,15 +96,13 @@ def _waltz_load(
     from waltz_client.client import SubmitStatus, WaltzClient
     from waltz_client.config import WaltzClientConfig
 
-    from .bench import _Put
-
     async def main() -> tuple[int, list[float]]:
         config = WaltzClientConfig(
             zookeeper, zk_root=root, feed=False, max_outstanding_appends=max(1, inflight)
         )
         async with WaltzClient(config) as client:
             for p in range(partitions):  # mounted before the clock starts
-                await client.submit(_Put(p, b"warm-up", None))
+                await client.submit(Put(p, b"warm-up", None))
             payload = os.urandom(size)
             latencies: list[float] = []
             await asyncio.to_thread(ready.wait, 120)  # every load process connected
@@ -114,7 +112,7 @@ def _waltz_load(
             async def slot() -> None:
                 while time.time() < stop_at:
                     t0 = time.perf_counter()
-                    r = await client.submit(_Put(next(counter) % partitions, payload, None))
+                    r = await client.submit(Put(next(counter) % partitions, payload, None))
                     if r.status == SubmitStatus.COMMITTED and time.time() <= stop_at:
                         latencies.append((time.perf_counter() - t0) * 1000)
 

@@ -77,9 +77,9 @@ from waltz_client.runtime.settings import parse_size
 from waltz_client.tools.local.cli import add_security_flags
 from waltz_client.tools.local.cluster import HOST, LocalCluster
 from waltz_client.tools.local.processes import DaemonProcess
-from waltz_client.transaction import Transaction, TransactionBuilder, TransactionContext
+from waltz_client.transaction import Transaction
 
-from .common import open_loop
+from .common import Put, open_loop
 
 MB = 1_000_000
 LOAD = "load"  # this process: the producer and the consumers
@@ -173,21 +173,6 @@ def register(groups: argparse._SubParsersAction) -> None:
 
 
 # --- the workload -----------------------------------------------------------------------
-
-
-class _Put(TransactionContext):
-    __slots__ = ("data", "partition")
-
-    def __init__(self, partition: int, data: bytes) -> None:
-        self.partition = partition
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.partition
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
 
 
 class _Pacer:
@@ -708,7 +693,7 @@ async def _soak(args, cluster: LocalCluster, zk, duration: float, out, say) -> d
 
     async def one(i: int) -> None:
         try:
-            r = await producer.submit(_Put(i % args.partitions, payload))
+            r = await producer.submit(Put(i % args.partitions, payload))
         except WaltzError:
             load.failed += 1
             return
