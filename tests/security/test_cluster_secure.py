@@ -18,8 +18,9 @@ from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
 
 from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_client.client import SubmitResult
-from waltz_client.cluster.acl import ZkCredential, metadata_acl, session_identities
+from waltz_client.cluster.acl import ZkCredential, metadata_acl
 from waltz_client.cluster.admin import create_cluster, read_params
+from waltz_client.cluster.identities import session_identities
 from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.secure import plan_changes, same_acl, secure_cluster, servers_not_writers

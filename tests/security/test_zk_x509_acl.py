@@ -14,8 +14,8 @@ import pytest
 from kazoo.exceptions import NoAuthError
 from kazoo.security import Permissions
 
-from waltz_client.cluster.acl import x509_writer
 from waltz_client.cluster.admin import new_client_id, read_params
+from waltz_client.cluster.identities import x509_writer
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_client.runtime.tls import TlsFiles

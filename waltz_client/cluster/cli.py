@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from kazoo.security import Id
 
 from waltz_client.cluster.partition_ranges import format_partition_ranges, parse_partition_ranges
 from waltz_client.runtime.settings import parse_size, zookeeper_address
@@ -24,7 +25,6 @@ from .acl import (
     credential_from_setting,
     metadata_acl,
     parse_writer,
-    x509_writer,
 )
 from .errors import ClusterError
 from .metadata import ReplicaAssignment
@@ -298,10 +298,23 @@ def check_create_is_secured(args: argparse.Namespace, has_credential: bool) -> N
         )
 
 
+def _x509_writer(cert_path: str) -> Id:
+    """A certificate's ZooKeeper identity; reading it takes ``cryptography``, which only
+    the daemons' extra installs."""
+    try:
+        from .identities import x509_writer
+    except ImportError as e:
+        raise ClusterError(
+            f"reading {cert_path} for an x509 ACL needs the cryptography package "
+            f"(pip install 'waltz[daemons]'): {e}"
+        ) from None
+    return x509_writer(cert_path)
+
+
 def cmd_create(zk: KazooClient, args: argparse.Namespace) -> int:
     storages, groups = _parse_storages(args.storage)
     writers = [parse_writer(w) for w in args.zk_acl]
-    writers += [x509_writer(path) for path in args.zk_acl_cert]
+    writers += [_x509_writer(path) for path in args.zk_acl_cert]
     if writers:
         credential = credential_from_setting(args.zk_auth_file, "--zk-auth-file")
         zk.default_acl = metadata_acl(credential, writers)
@@ -335,7 +348,7 @@ def cmd_secure(zk: KazooClient, args: argparse.Namespace) -> int:
             "writes the metadata from now on, which the servers must already hold"
         )
     writers = [parse_writer(w) for w in args.writers]
-    writers += [x509_writer(path) for path in args.writer_certs]
+    writers += [_x509_writer(path) for path in args.writer_certs]
     acl = metadata_acl(credential, writers)
     zk.default_acl = acl  # for nodes this session creates, and client_ids_acl_of
     client_ids = client_ids_acl_of(zk) or acl

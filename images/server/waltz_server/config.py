@@ -9,7 +9,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from waltz_client.cluster.acl import ZkCredential, credential_from_setting, session_identities
+from waltz_client.cluster.acl import ZkCredential, credential_from_setting
+from waltz_client.cluster.identities import session_identities
 from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.cluster.paths import znode_root
