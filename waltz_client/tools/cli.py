@@ -19,8 +19,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="waltz", description="Waltz administration tools")
     groups = parser.add_subparsers(dest="group", required=True, metavar="GROUP")
     for ep in sorted(entry_points(group="waltz.commands"), key=lambda e: e.name):
-        ep.load()(groups)
+        try:
+            register = ep.load()
+        except ImportError as e:  # an extra this installation lacks (the daemons', Spark)
+            _unavailable(groups, ep.name, e)
+        else:
+            register(groups)
     return parser
+
+
+def _unavailable(groups: argparse._SubParsersAction, name: str, error: ImportError) -> None:
+    """A group whose code needs a package that is not installed: listed, and refused with
+    the package's name when used, while every other group works."""
+    missing = error.name or str(error)
+    p = groups.add_parser(name, help=f"(unavailable: needs {missing}, not installed)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def refuse(args: argparse.Namespace) -> int:
+        print(
+            f"waltz {name}: error: cannot import {missing} ({error}): install the extra "
+            f"it comes with (pip install 'waltz[daemons]' for the daemons' tools, "
+            f"'waltz[spark]' for Spark)",
+            file=sys.stderr,
+        )
+        return 2
+
+    p.set_defaults(func=refuse)
 
 
 def main(argv: list[str] | None = None) -> None:
