@@ -11,23 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from enum import Enum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from waltz_client.wire.client_messages import encode_feed_data
 from waltz_client.wire.errors import describe
 from waltz_client.wire.records import ReqId
 
-if TYPE_CHECKING:
-    from .partition import Partition
+from .caches import FeedCache
 
 log = logging.getLogger(__name__)
-
-
-class State(Enum):
-    RECOVERING = "recovering"
-    ACTIVE = "active"
-    STOPPED = "stopped"
 
 
 class ClientConnection(Protocol):
@@ -54,13 +46,43 @@ class ClientConnection(Protocol):
     def mark_mounted(self, client_id: int, partition_id: int, connection_seq: int) -> None: ...
 
 
+class FeedSource(Protocol):
+    """What a feed reads of its partition (partition.py implements it): feeds sit below
+    the partition, which owns them."""
+
+    partition_id: int
+    feed_cache: FeedCache
+    feed_sent: int  # headers sent on the partition's feeds, counted by each feed
+
+    @property
+    def healthy(self) -> bool:
+        """Serving (not recovering or stopped): what it has committed may be sent."""
+        ...
+
+    @property
+    def high_water_mark(self) -> int: ...
+
+    @property
+    def feed_batch(self) -> int:
+        """The most headers sent in one Feed Data frame."""
+        ...
+
+    def truncated_for(self, txid: int) -> str | None: ...
+
+    async def read_headers(self, start: int, stop: int) -> list[bytes]: ...
+
+    def end_truncated(self, sub: Subscription, reason: str) -> None: ...
+
+    def end_subscription(self, sub: Subscription, reason: str) -> None: ...
+
+
 class Subscription:
     """A connection's feed of one partition, from ``cursor`` on, with mount and flush
     answers queued behind the transactions they cover."""
 
     def __init__(
         self,
-        partition: Partition,
+        partition: FeedSource,
         connection: ClientConnection,
         req_id: ReqId,
         client_high_water_mark: int,
@@ -90,13 +112,13 @@ class Subscription:
         Saves a wake of the task and a turn of the loop on every commit."""
         p = self.partition
         connection = self.connection
-        if not self._parked or connection.closed or p.state != State.ACTIVE:
+        if not self._parked or connection.closed or not p.healthy:
             self.wake.set()
             return
         try:
             hwm = p.high_water_mark
             while self.cursor <= hwm and connection.writable:
-                stop = min(hwm, self.cursor + p.settings.feed_batch - 1)
+                stop = min(hwm, self.cursor + p.feed_batch - 1)
                 headers = p.feed_cache.get(self.cursor, stop)
                 if not headers:
                     break
@@ -129,8 +151,8 @@ class Subscription:
                 if gone is not None:
                     p.end_truncated(self, gone)
                     return
-                if self.cursor <= hwm and p.state == State.ACTIVE:
-                    stop = min(hwm, self.cursor + p.settings.feed_batch - 1)
+                if self.cursor <= hwm and p.healthy:
+                    stop = min(hwm, self.cursor + p.feed_batch - 1)
                     headers = await p.read_headers(self.cursor, stop)
                     if headers:
                         self._deliver(headers)
@@ -138,7 +160,7 @@ class Subscription:
                         continue
                 self._send_markers()
                 self.wake.clear()
-                if self.cursor <= p.high_water_mark and p.state == State.ACTIVE:
+                if self.cursor <= p.high_water_mark and p.healthy:
                     continue
                 self._parked = True
                 try:

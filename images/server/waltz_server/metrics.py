@@ -1,22 +1,44 @@
 """Prometheus metrics of a server, in a registry of its own; per-partition state is read at
-scrape time."""
+scrape time, through ``ObservedServer`` (the server holds its metrics, not the reverse)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping, Sized
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from .server import WaltzServer
+from .memory_budget import PartitionBounds
+from .partition import Partition
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
+class MemoryBudgetSetting(Protocol):
+    @property
+    def memory_budget_bytes(self) -> int: ...
+
+
+class ObservedServer(Protocol):
+    """What the metrics read of a server at scrape time (server.py's WaltzServer)."""
+
+    @property
+    def partitions(self) -> Mapping[int, Partition]: ...
+
+    @property
+    def config(self) -> MemoryBudgetSetting: ...
+
+    @property
+    def bounds(self) -> PartitionBounds: ...
+
+    @property
+    def storage_pool(self) -> Sized: ...
+
+
 class ServerMetrics:
-    def __init__(self, server: WaltzServer) -> None:
+    def __init__(self, server: ObservedServer) -> None:
         self.registry = CollectorRegistry()
         # process_*: CPU, resident memory, open files and their limit (/proc/self).
         ProcessCollector(registry=self.registry)
@@ -52,10 +74,10 @@ class _MemoryCollector(Collector):
     """The memory budget (memory_budget.py): the budget, what the owned partitions may
     hold within it, and what their caches hold now."""
 
-    def __init__(self, server: WaltzServer) -> None:
+    def __init__(self, server: ObservedServer) -> None:
         self._server = server
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         server = self._server
         partitions = list(server.partitions.values())
         values = {
@@ -83,10 +105,10 @@ class _MemoryCollector(Collector):
 
 
 class _PartitionCollector(Collector):
-    def __init__(self, server: WaltzServer) -> None:
+    def __init__(self, server: ObservedServer) -> None:
         self._server = server
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         gauges = {
             "high_water_mark": "Highest committed transaction ID (-1: none)",
             "generation": "Generation this server owns the partition with",

@@ -1,4 +1,4 @@
-"""One owned partition: the append task, the store sessions behind it, feeds and reads.
+"""One owned partition: the append task, the store sessions behind it, and its feeds.
 
 Appends, mounts and flushes go through one queue in arrival order. The
 append task checks generation, connection staleness and locks, assigns the
@@ -8,7 +8,9 @@ commits; a failed append only leaves a lock looking newer, a false conflict,
 never a missed one) and hands the record to the store session. Commits fill
 the feed and data caches and wake the feeds. Mounts and flushes wait until
 every append queued before them is resolved (committed, or lost with a
-session) and are answered on the feed, after the transactions they cover.
+session) and are answered on the feed, after the transactions they cover. When a
+session ends at a planned boundary is ``session_boundary``'s rule; reads of committed
+transactions are ``storage_reads``'.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from enum import Enum
 
 from waltz_client.cluster.retention import RetentionPolicy
 from waltz_client.wire.client_messages import (
@@ -47,18 +49,25 @@ from waltz_client.wire.records import (
 )
 from waltz_client.wire.storage_client import StorageClient
 
+from . import storage_reads
 from .caches import DataCache, FeedCache
 from .catch_up import CatchUp
-from .feed import ClientConnection, State, Subscription
+from .feed import ClientConnection, Subscription
 from .feed_slots import FeedSlots
 from .partition_core import Ignored, LockConflict, PartitionCore, Resolved
 from .recovery import OwnSession
 from .recovery_manager import AssignmentChanged, RecoveryContext, Superseded, start_session
 from .retention import retention_step
+from .session_boundary import RejoinProbes, checkpoint_reached, missing_replicas
 from .store_session import StoreSession
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+
+
+class State(Enum):
+    RECOVERING = "recovering"
+    ACTIVE = "active"
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -108,8 +117,7 @@ class Partition:
         )
         self.session: StoreSession | None = None
         self._own: OwnSession | None = None  # the last session this object ran
-        self._rejoin_attempts: dict[str, int] = {}  # sessions started for a returning replica
-        self._next_probe: dict[str, float] = {}
+        self._rejoin = RejoinProbes(settings.probe_interval)  # missing replicas' next probes
         self.feed_cache = FeedCache(settings.feed_cache_bytes)
         self.data_cache = DataCache(settings.data_cache_bytes)
         self.stats = PartitionStats()
@@ -208,6 +216,10 @@ class Partition:
     @property
     def healthy(self) -> bool:
         return self.state == State.ACTIVE
+
+    @property
+    def feed_batch(self) -> int:
+        return self.settings.feed_batch
 
     # --- store sessions ---------------------------------------------------------------
 
@@ -363,8 +375,7 @@ class Partition:
         self._boundary = asyncio.get_running_loop().create_future()
         if self.context.replicas != context.replicas:
             return "the replica set changed"  # while this session recovered
-        for address in session.members:
-            self._rejoin_attempts.pop(address, None)
+        self._rejoin.joined(session.members)
         while True:
             await asyncio.wait(
                 {session.ended, self._boundary},
@@ -375,36 +386,23 @@ class Partition:
                 return str(session.ended.exception())
             if self._boundary.done():
                 return self._boundary.result()
-            # Not members, and not being copied now (a copy that failed is tried again).
-            missing = [
-                a
-                for a in self.context.replicas
-                if a not in session.members
-                and (a not in self._catch_ups or self._catch_ups[a].task.done())
-            ]
+            copying = {a for a, c in self._catch_ups.items() if not c.task.done()}
+            missing = missing_replicas(self.context.replicas, session.members, copying)
             now = asyncio.get_running_loop().time()
             session.check_stragglers(now, self.context.connect_timeout)
             await session.ping(self.context.connect_timeout)
             if session.ended.done():
                 return str(session.ended.exception())
-            if (
-                self.high_water_mark - session.start_high_water_mark
-                >= self.settings.checkpoint_interval
+            if checkpoint_reached(
+                self.high_water_mark,
+                session.start_high_water_mark,
+                self.settings.checkpoint_interval,
             ):
                 return "checkpoint interval reached"
             for address in missing:
                 now = asyncio.get_running_loop().time()
-                if now < self._next_probe.get(address, 0.0) or not await _reachable(
-                    address, self.context
-                ):
-                    continue
-                # Reachable but perhaps unable to join (a corrupt partition, a wrong key):
-                # back off, or every probe would restart the session and reset the locks.
-                attempts = self._rejoin_attempts.get(address, 0) + 1
-                self._rejoin_attempts[address] = attempts
-                backoff = min(60.0, self.settings.probe_interval * 2**attempts)
-                self._next_probe[address] = now + backoff
-                return f"replica {address} is reachable again"
+                if self._rejoin.due(address, now) and await _reachable(address, self.context):
+                    return self._rejoin.reachable_again(address, now)
 
     # --- the append task --------------------------------------------------------------
 
@@ -625,97 +623,18 @@ class Partition:
         self.core.connection_closed(connection)
         self.slots.connection_closed(connection)  # its Mounts still queued never run
 
-    async def _storage_read(self, call: Awaitable[T]) -> T:
-        """A read from a storage node, within ``storage_timeout``: a wedged node must not
-        hold a feed or a client's read for ever (they retry, perhaps on another member)."""
-        try:
-            return await asyncio.wait_for(call, self.context.connect_timeout)
-        except TimeoutError:
-            raise TimeoutError(
-                f"partition {self.partition_id}: a storage read took more than "
-                f"{self.context.connect_timeout:g} s"
-            ) from None
-
     async def read_headers(self, start: int, stop: int) -> list[bytes]:
-        cached = self.feed_cache.get(start, stop)
-        if cached is not None:
-            return cached
-        session = self.session
-        member = session.reader(stop) if session is not None else None
-        if member is None:
-            await asyncio.sleep(0.05)
-            return []
-        try:
-            headers = await self._storage_read(
-                member.client.record_headers(
-                    session.session_id, self.partition_id, start, stop - start + 1
-                )
-            )
-        except Exception as e:
-            log.info(
-                "partition %d: feed read %d..%d failed: %s",
-                self.partition_id,
-                start,
-                stop,
-                describe(e),
-            )
-            await asyncio.sleep(0.1)
-            return []
-        return [h.encode() for h in headers if h.transaction_id <= stop]
+        return await storage_reads.read_headers(self, start, stop)
 
     async def transaction_data(self, txid: int) -> bytes:
         """Committed data of ``txid``. Raises LookupError (not committed) or RuntimeError."""
-        if not 0 <= txid <= self.high_water_mark:
-            raise LookupError(
-                f"transaction {txid} is not committed (high-water mark {self.high_water_mark})"
-            )
-        data = self.data_cache.get(txid)
-        if data is not None:
-            return data
-        session = self.session
-        member = session.reader(txid) if session is not None else None
-        if member is None:
-            raise RuntimeError(f"partition {self.partition_id} has no readable replica now")
-        record = await self._storage_read(
-            member.client.record(session.session_id, self.partition_id, txid)
-        )
-        self.data_cache.put(txid, record.data)
-        return record.data
+        return await storage_reads.transaction_data(self, txid)
 
     async def read_range(
         self, start: int, max_records: int, max_bytes: int
     ) -> RecordBatch | UncheckedRecords:
-        """Committed records from ``start``, as a storage node read them. They are relayed
-        unchecked when they fit in ``max_bytes``: the client checks every record itself
-        (bounds, IDs, CRCs), and the storage node checked them on disk, so walking them
-        here too only cost a core. Only a reply to cut short is decoded."""
-        hwm = self.high_water_mark
-        if start > hwm:
-            return RecordBatch(b"", [])
-        session = self.session
-        member = session.reader(hwm) if session is not None else None
-        if member is None:
-            raise RuntimeError(f"partition {self.partition_id} has no readable replica now")
-        count = min(max_records, hwm - start + 1)  # so every record is committed
-        records = await self._storage_read(
-            member.client.records_unchecked(session.session_id, self.partition_id, start, count)
-        )
-        if len(records) > count or (len(records) and records.first_txid != start):
-            raise RuntimeError(
-                f"partition {self.partition_id}: storage {member.address} answered a read of "
-                f"{count} from {start} with {len(records)} from {records.first_txid}"
-            )
-        if len(records.buf) <= max_bytes:  # data bytes are fewer than wire bytes
-            return records
-        batch = records.check()
-        spans, size = [], 0
-        for span in batch.spans:
-            if spans and size + span[2] > max_bytes:
-                break
-            spans.append(span)
-            size += span[2]
-        end = spans[-1][1] + WIRE_RECORD_HEAD.size + spans[-1][2] + CRC.size
-        return RecordBatch(batch.buf[:end], spans)
+        """Committed records from ``start`` (``storage_reads.read_range``)."""
+        return await storage_reads.read_range(self, start, max_records, max_bytes)
 
 
 async def _reachable(address: str, context: RecoveryContext, timeout: float = 1.0) -> bool:

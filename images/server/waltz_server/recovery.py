@@ -24,12 +24,14 @@ that last set its low-water mark, ``L``):
 Only W's members can hold W's transactions, so only offline members make
 the vote undecidable; the rest vote low. After the vote decides C, every
 reachable replica is truncated to C, caught up to C from a replica holding
-it, and gets low-water mark C for session S; those become S's members.
+it, and gets low-water mark C for session S; those become S's members. A
+replica far behind C joins only if S needs it for its quorum; otherwise it
+keeps its committed prefix and is copied in the background (catch_up.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -39,7 +41,7 @@ from waltz_client.cluster.metadata import (
     PartitionMetadata,
     ReplicaState,
 )
-from waltz_client.cluster.replica_safety import writing_session
+from waltz_client.cluster.replica_safety import writing_members, writing_session
 
 from .recovery_vote import Decided, Undecidable, vote
 
@@ -79,6 +81,13 @@ def assess(state: ReplicaState, view: StorageView, writer: int) -> Assessment:
         return Assessment(Standing.RESOLVED, closing if top > closing else None, min(top, closing))
     floor = view.local_low_water_mark
     return Assessment(Standing.UNKNOWN, floor if top > floor else None, min(top, floor))
+
+
+def replicas_to_reach(metadata: PartitionMetadata, replicas: Sequence[str]) -> list[str]:
+    """The storage nodes a recovery connects to: the assigned ``replicas``, then the
+    writing session's members removed from the assignment since. Those still vote: their
+    nodes keep serving the partition until this session's metadata drops them."""
+    return [*replicas, *sorted(writing_members(metadata) - set(replicas))]
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,46 @@ def decide(
 
 def _holders(marks: list[int], h: int) -> int:
     return sum(1 for m in marks if m >= h)
+
+
+def dirty_tails(assessments: Mapping[str, Assessment], replicas: Iterable[str]) -> dict[str, int]:
+    """The assigned replicas to truncate before the vote's mark is used, and where to, in
+    ``assessments`` order. A removed voter is only read, never written."""
+    assigned = set(replicas)
+    return {
+        address: a.truncate_to
+        for address, a in assessments.items()
+        if a.truncate_to is not None and address in assigned
+    }
+
+
+def position_after_log_start(position: int, log_start: int) -> int:
+    """A replica's clean position once its log starts at ``log_start`` (retention): one
+    whose log ends below it skips ahead, to start empty there."""
+    return max(position, log_start - 1)
+
+
+class JoinMode(Enum):
+    INLINE = "cleaned to the decided mark now, and a member of the new session"
+    BACKGROUND = "far behind while the session has its quorum: copied in the background"
+
+
+def join_order(candidates: Iterable[str], positions: Mapping[str, int], decided: int) -> list[str]:
+    """The order in which reachable replicas join the new session: those holding the most
+    first (one ahead of the decided mark is only truncated; ties by address), so that a
+    far one is needed least."""
+    return sorted(candidates, key=lambda a: (decided - positions[a], a))
+
+
+def join_mode(
+    position: int, decided: int, members: int, quorum: int, inline_records: int
+) -> JoinMode:
+    """How the next replica (in ``join_order``) reaches ``decided``, with ``members``
+    joined so far. Copying more than ``inline_records`` would hold up the whole
+    partition's writes: only a replica the quorum needs is worth it."""
+    if decided - position > inline_records and members >= quorum:
+        return JoinMode.BACKGROUND
+    return JoinMode.INLINE
 
 
 @dataclass(frozen=True)

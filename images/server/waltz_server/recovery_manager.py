@@ -15,14 +15,14 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from kazoo.exceptions import KazooException
 
 from waltz_client.cluster.metadata import PartitionMetadata
-from waltz_client.cluster.replica_safety import writing_members, writing_session
+from waltz_client.cluster.replica_safety import writing_session
 from waltz_client.wire.errors import ProtocolError, describe
 from waltz_client.wire.framing import OpenConnection
 from waltz_client.wire.records import RecordBatch
@@ -31,18 +31,26 @@ from waltz_client.wire.storage_messages import StorageError
 
 from .catch_up import CatchUpSettings
 from .recovery import (
+    Assessment,
+    JoinMode,
     OwnSession,
     StorageView,
     closing_metadata,
     decide,
+    dirty_tails,
+    join_mode,
+    join_order,
     pick_source,
     plan_replica,
+    position_after_log_start,
+    replicas_to_reach,
 )
 from .recovery_vote import Undecidable, majority
 from .storage_pool import PoolKey, StoragePool
 from .store_session import Member, StoreSession
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CATCH_UP_CHUNK = 2000
 
@@ -148,13 +156,15 @@ async def _new_session_id(ctx: RecoveryContext) -> tuple[PartitionMetadata, int]
     return meta, version
 
 
-async def _timed(ctx: RecoveryContext, call):
+async def _timed(ctx: RecoveryContext, call: Awaitable[T]) -> T:
     """A storage call that must answer within the storage timeout (a paused node would
     otherwise hold recovery forever)."""
     return await asyncio.wait_for(call, ctx.connect_timeout)
 
 
-async def _connect(ctx: RecoveryContext, address: str, session_id: int):
+async def _connect(
+    ctx: RecoveryContext, address: str, session_id: int
+) -> tuple[StorageClient, StorageView]:
     host, _, port = address.rpartition(":")
     client = await StorageClient.connect(
         host, int(port), timeout=ctx.connect_timeout, open_connection=ctx.open_connection
@@ -171,102 +181,28 @@ async def _connect(ctx: RecoveryContext, address: str, session_id: int):
     return client, view
 
 
-async def _attempt(ctx, on_commit, report, own) -> StoreSession:
+async def _attempt(
+    ctx: RecoveryContext,
+    on_commit: Callable[[RecordBatch, float], None],
+    report: Callable[[str], None],
+    own: OwnSession | None,
+) -> StoreSession:
     p = ctx.partition_id
     meta, version = await _new_session_id(ctx)
     session_id = meta.session_id
     report(f"recovering in session {session_id}")
     clients: dict[str, StorageClient] = {}
-    views: dict[str, StorageView] = {}
     shared: list[Member] = []  # members given the server's shared connections
-    # Members of the writing session removed from the assignment since still vote: their
-    # storage nodes keep serving the partition until this session's metadata drops them.
-    dial = [*ctx.replicas, *sorted(writing_members(meta) - set(ctx.replicas))]
     handed_over = False
     try:
-        while True:
-            missing = [a for a in dial if a not in clients]
-            results = await asyncio.gather(
-                *(_connect(ctx, a, session_id) for a in missing), return_exceptions=True
-            )
-            for address, result in zip(missing, results, strict=True):
-                if (
-                    isinstance(result, StorageFailure)
-                    and result.error == StorageError.SESSION_FENCED
-                ):
-                    raise RecoveryStalled(f"a newer session exists: {result}")
-                if isinstance(result, BaseException):
-                    log.info(
-                        "partition %d: replica %s unreachable: %s", p, address, describe(result)
-                    )
-                    continue
-                clients[address], views[address] = result
-            assessments, decision = decide(meta, ctx.replicas, views, own)
-            if not isinstance(decision, Undecidable):
-                break
-            report(f"waiting: {decision}")
-            log.warning("partition %d: %s", p, decision)
-            await asyncio.sleep(ctx.retry_delay)
-        decided = decision.high_water_mark
-        positions: dict[str, int] = {}
-        refused: set[str] = set()
-        for address, a in assessments.items():
-            if a.truncate_to is not None and address in ctx.replicas:
-                try:
-                    await _timed(ctx, clients[address].truncate(session_id, p, a.truncate_to))
-                except _RETRYABLE as e:
-                    # One replica that cannot be cut back (down now, or claiming more is
-                    # committed than the quorum decided) must not stall the others: it
-                    # is left out of this session, like one that fails its cleaning.
-                    log.error(
-                        "partition %d: replica %s left out of session %d: truncating it to "
-                        "the decided high-water mark %d failed: %s",
-                        p,
-                        address,
-                        session_id,
-                        decided,
-                        describe(e),
-                    )
-                    refused.add(address)
-                    continue
-            positions[address] = a.vote  # clean up to here (a removed voter is only read)
+        assessments, decided = await _vote(ctx, meta, session_id, clients, report, own)
+        positions, refused = await _cut_dirty_tails(ctx, session_id, clients, assessments, decided)
         if meta.log_start > 0:
             await _apply_log_start(ctx, session_id, meta.log_start, clients, positions, refused)
         votes = {a: x.vote for a, x in assessments.items() if a not in refused}
-        members: dict[str, Member] = {}
-        lagging: dict[str, int] = {}
-        quorum = majority(len(ctx.replicas))
-        # The nearest first: a replica far behind is copied here only if the session
-        # needs it for its quorum; otherwise it is copied in the background (catch_up).
-        reachable = sorted(
-            (a for a in clients if a in ctx.replicas and a not in refused),
-            key=lambda a: (decided - positions[a], a),
+        members, lagging = await _admit(
+            ctx, session_id, clients, positions, votes, refused, decided
         )
-        for address in reachable:
-            client = clients[address]
-            try:
-                if decided - positions[address] > ctx.catch_up.inline_records and (
-                    len(members) >= quorum
-                ):
-                    # Its log is a committed prefix: say so, so that the copy is kept.
-                    await _timed(ctx, client.set_low_water_mark(session_id, p, positions[address]))
-                    lagging[address] = positions[address]
-                    continue
-                await _clean(ctx, session_id, client, clients, positions, votes, address, decided)
-            except _RETRYABLE as e:
-                log.warning(
-                    "partition %d: replica %s left out of session %d: %s",
-                    p,
-                    address,
-                    session_id,
-                    describe(e),
-                )
-                continue
-            members[address] = Member(address, client)
-        if len(members) < quorum:
-            raise RecoveryStalled(
-                f"only {len(members)} of {len(ctx.replicas)} replicas are clean at {decided}"
-            )
         if ctx.pool is not None:
             await _share(ctx, members, shared)
         new_meta = closing_metadata(
@@ -314,6 +250,121 @@ async def _attempt(ctx, on_commit, report, own) -> StoreSession:
                     await ctx.pool.release(member.shared, member.client)
 
 
+async def _vote(
+    ctx: RecoveryContext,
+    meta: PartitionMetadata,
+    session_id: int,
+    clients: dict[str, StorageClient],
+    report: Callable[[str], None],
+    own: OwnSession | None,
+) -> tuple[dict[str, Assessment], int]:
+    """Connect to the voters (into ``clients``) until the vote decides; the assessments
+    and the decided high-water mark."""
+    p = ctx.partition_id
+    views: dict[str, StorageView] = {}
+    dial = replicas_to_reach(meta, ctx.replicas)
+    while True:
+        missing = [a for a in dial if a not in clients]
+        results = await asyncio.gather(
+            *(_connect(ctx, a, session_id) for a in missing), return_exceptions=True
+        )
+        for address, result in zip(missing, results, strict=True):
+            if isinstance(result, StorageFailure) and result.error == StorageError.SESSION_FENCED:
+                raise RecoveryStalled(f"a newer session exists: {result}")
+            if isinstance(result, BaseException):
+                log.info("partition %d: replica %s unreachable: %s", p, address, describe(result))
+                continue
+            clients[address], views[address] = result
+        assessments, decision = decide(meta, ctx.replicas, views, own)
+        if not isinstance(decision, Undecidable):
+            return assessments, decision.high_water_mark
+        report(f"waiting: {decision}")
+        log.warning("partition %d: %s", p, decision)
+        await asyncio.sleep(ctx.retry_delay)
+
+
+async def _cut_dirty_tails(
+    ctx: RecoveryContext,
+    session_id: int,
+    clients: Mapping[str, StorageClient],
+    assessments: Mapping[str, Assessment],
+    decided: int,
+) -> tuple[dict[str, int], set[str]]:
+    """Truncate the dirty tails the assessments found; (each replica's clean position,
+    the replicas left out because their truncation failed)."""
+    p = ctx.partition_id
+    truncations = dirty_tails(assessments, ctx.replicas)
+    positions: dict[str, int] = {}
+    refused: set[str] = set()
+    for address, a in assessments.items():
+        if address in truncations:
+            try:
+                await _timed(ctx, clients[address].truncate(session_id, p, truncations[address]))
+            except _RETRYABLE as e:
+                # One replica that cannot be cut back (down now, or claiming more is
+                # committed than the quorum decided) must not stall the others: it
+                # is left out of this session, like one that fails its cleaning.
+                log.error(
+                    "partition %d: replica %s left out of session %d: truncating it to "
+                    "the decided high-water mark %d failed: %s",
+                    p,
+                    address,
+                    session_id,
+                    decided,
+                    describe(e),
+                )
+                refused.add(address)
+                continue
+        positions[address] = a.vote  # clean up to here (a removed voter is only read)
+    return positions, refused
+
+
+async def _admit(
+    ctx: RecoveryContext,
+    session_id: int,
+    clients: Mapping[str, StorageClient],
+    positions: dict[str, int],
+    votes: Mapping[str, int],
+    refused: set[str],
+    decided: int,
+) -> tuple[dict[str, Member], dict[str, int]]:
+    """Bring the reachable assigned replicas to ``decided`` (``join_mode`` says how); the
+    members of the new session, and the lagging replicas left to a background copy (at
+    their positions). Raises RecoveryStalled without a quorum of members."""
+    p = ctx.partition_id
+    quorum = majority(len(ctx.replicas))
+    members: dict[str, Member] = {}
+    lagging: dict[str, int] = {}
+    candidates = [a for a in clients if a in ctx.replicas and a not in refused]
+    for address in join_order(candidates, positions, decided):
+        client = clients[address]
+        mode = join_mode(
+            positions[address], decided, len(members), quorum, ctx.catch_up.inline_records
+        )
+        try:
+            if mode is JoinMode.BACKGROUND:
+                # Its log is a committed prefix: say so, so that the copy is kept.
+                await _timed(ctx, client.set_low_water_mark(session_id, p, positions[address]))
+                lagging[address] = positions[address]
+                continue
+            await _clean(ctx, session_id, client, clients, positions, votes, address, decided)
+        except _RETRYABLE as e:
+            log.warning(
+                "partition %d: replica %s left out of session %d: %s",
+                p,
+                address,
+                session_id,
+                describe(e),
+            )
+            continue
+        members[address] = Member(address, client)
+    if len(members) < quorum:
+        raise RecoveryStalled(
+            f"only {len(members)} of {len(ctx.replicas)} replicas are clean at {decided}"
+        )
+    return members, lagging
+
+
 async def _share(ctx: RecoveryContext, members: dict[str, Member], shared: list[Member]) -> None:
     """Swap each member's recovery connection for the server's shared one to its node
     (appended to ``shared`` as each is acquired, so that a failure releases them)."""
@@ -325,7 +376,14 @@ async def _share(ctx: RecoveryContext, members: dict[str, Member], shared: list[
         shared.append(members[address])
 
 
-async def _apply_log_start(ctx, session_id, log_start, clients, positions, refused) -> None:
+async def _apply_log_start(
+    ctx: RecoveryContext,
+    session_id: int,
+    log_start: int,
+    clients: Mapping[str, StorageClient],
+    positions: dict[str, int],
+    refused: set[str],
+) -> None:
     """Retention: every replica of the session drops what is below the partition's log
     start; one whose log ends below it (empty, or far behind) skips ahead to start
     empty there, and is then copied from there (nothing below it is kept anywhere)."""
@@ -348,7 +406,8 @@ async def _apply_log_start(ctx, session_id, log_start, clients, positions, refus
             )
             refused.add(address)
             continue
-        if positions[address] < log_start - 1:
+        moved = position_after_log_start(positions[address], log_start)
+        if moved != positions[address]:
             log.info(
                 "partition %d: replica %s skipped ahead from %d to the log start %d",
                 p,
@@ -356,10 +415,19 @@ async def _apply_log_start(ctx, session_id, log_start, clients, positions, refus
                 positions[address],
                 log_start,
             )
-            positions[address] = log_start - 1
+            positions[address] = moved
 
 
-async def _clean(ctx, session_id, client, clients, positions, votes, address, decided) -> None:
+async def _clean(
+    ctx: RecoveryContext,
+    session_id: int,
+    client: StorageClient,
+    clients: Mapping[str, StorageClient],
+    positions: Mapping[str, int],
+    votes: Mapping[str, int],
+    address: str,
+    decided: int,
+) -> None:
     """Bring one replica to exactly the committed prefix ``..decided`` and mark it clean."""
     p = ctx.partition_id
     plan = plan_replica(positions[address], decided)
