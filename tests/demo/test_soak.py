@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from waltz_client.tools.demo.soak import load_verdict, verdict
+from waltz_client.tools.demo.soak_verdict import load_verdict, verdict
 
 NAMES = ["zookeeper", "storage-0", "server-0", "load"]
 

@@ -21,19 +21,13 @@ import uuid
 
 import pytest
 
-from waltz_client.tools.fuzz import (
-    MUTATIONS,
-    PROTOCOLS,
-    FuzzTarget,
-    TlsDial,
-    base_frame,
-    describe_stats,
-    fuzz_cluster,
-    hello_for,
-    plan_connection,
-    plan_connections,
-)
-from waltz_client.tools.fuzz_tls import (
+from waltz_client.tools.fuzz.cluster import fuzz_cluster
+from waltz_client.tools.fuzz.connections import TlsDial
+from waltz_client.tools.fuzz.frames import PROTOCOLS, FuzzTarget, base_frame
+from waltz_client.tools.fuzz.mutations import MUTATIONS
+from waltz_client.tools.fuzz.plans import hello_for, plan_connection, plan_connections
+from waltz_client.tools.fuzz.report import describe_stats
+from waltz_client.tools.fuzz.tls import (
     MAX_RECORD_BYTES,
     TLS_MUTATIONS,
     hello_fields,

@@ -3,8 +3,8 @@
 A TLS port is first of all a TLS handshake parser (OpenSSL's, driven by asyncio's SSL
 protocol, with our deadlines and caps around it). The fuzzer starts from a real
 ClientHello, captured once from the client context it would use (``capture_client_hello``),
-and mutates it the way the frame mutations in ``waltz_client.tools.fuzz`` mutate frames: bit
-flips, truncation, the record's or the handshake's length set to a boundary, a wrong
+and mutates it the way the frame mutations (``mutations``) mutate frames: bit flips,
+truncation, the record's or the handshake's length set to a boundary, a wrong
 content type or record version, the hello split over many records, oversized records,
 an SSLv2-style header, a plain-text Waltz hello on the TLS port, garbage. The core is
 pure: the same hello and seed give the same bytes.
