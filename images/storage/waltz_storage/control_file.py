@@ -26,6 +26,8 @@ import uuid
 import zlib
 from dataclasses import dataclass, replace
 
+from waltz_client.runtime.files import fsync_directory
+
 from .errors import ControlFileError
 
 CONTROL_FILE_NAME = "waltz-storage.ctl"
@@ -86,14 +88,6 @@ def entry_offset(partition_id: int) -> int:
 
 def slot_offset(partition_id: int, slot: int) -> int:
     return entry_offset(partition_id) + _PARTITION_ID.size + INFO_BYTES * slot
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ControlFile:

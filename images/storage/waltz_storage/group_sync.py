@@ -34,10 +34,7 @@ import logging
 import os
 import platform
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .segment import Segment
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +48,28 @@ SYNC_FILE_RANGE_WAIT_AFTER = 4
 # Filesystems that write a file's pages over its old blocks, so pages written back over
 # blocks already allocated and durable need no metadata to be read after a crash.
 IN_PLACE_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4"})
+
+
+class SyncedSegment(Protocol):
+    """What a group sync needs of a segment with appends to make durable (``Segment``)."""
+
+    @property
+    def device(self) -> int:
+        """The device holding the segment's data file."""
+        ...
+
+    @property
+    def overwrites_durable_blocks(self) -> bool:
+        """Were its appends since the last sync all written over durable zeros?"""
+        ...
+
+    def write_back(self, write_back: WriteBack, flags: int) -> None:
+        """sync_file_range over the records written since the last sync."""
+        ...
+
+    def flush_data(self) -> None:
+        """fdatasync the data file (which flushes the disk's cache too)."""
+        ...
 
 
 def kernel_reports_syncfs_errors(release: str) -> bool:
@@ -179,7 +198,7 @@ class GroupSync:
             return "write_back"
         return "syncfs" if self._syncfs is not None else ""
 
-    def make_durable(self, segments: Sequence[Segment]) -> None:
+    def make_durable(self, segments: Sequence[SyncedSegment]) -> None:
         """Make what was written to ``segments`` since their last sync durable; OSError
         if not (and from then on)."""
         if self._write_back is None:
@@ -194,10 +213,10 @@ class GroupSync:
             self._error = OSError(e.errno, f"group sync failed: {e}")
             raise self._error from e
 
-    def _write_back_and_flush(self, segments: Sequence[Segment]) -> None:
+    def _write_back_and_flush(self, segments: Sequence[SyncedSegment]) -> None:
         assert self._write_back is not None
-        cheap: list[Segment] = []  # written over durable zeros on this device
-        own: list[Segment] = []  # each needs its own fdatasync
+        cheap: list[SyncedSegment] = []  # written over durable zeros on this device
+        own: list[SyncedSegment] = []  # each needs its own fdatasync
         for segment in segments:
             in_place = segment.overwrites_durable_blocks and segment.device == self.device
             (cheap if in_place else own).append(segment)

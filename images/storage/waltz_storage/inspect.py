@@ -25,14 +25,14 @@ from .errors import CorruptSegment
 from .log_start import DamagedLogStart, read_log_start
 from .partition import DEFAULT_MAX_TORN_BYTES
 from .recovery import refusal, scan_partition
-from .segment import (
+from .segment import scan_segment_file
+from .segment_format import (
     HEADER_BYTES as SEGMENT_HEADER_BYTES,
 )
-from .segment import (
+from .segment_format import (
     RECORD_HEAD,
     RECORD_HEAD_BYTES,
     decode_header,
-    scan_segment_file,
 )
 
 _SEGMENT_NAME = re.compile(r"^(\d{19})\.seg$")

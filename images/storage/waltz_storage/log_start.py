@@ -17,7 +17,8 @@ import os
 import struct
 import zlib
 
-from .control_file import fsync_directory
+from waltz_client.runtime.files import fsync_directory
+
 from .errors import CorruptSegment
 
 LOG_START_FILE = "log-start"

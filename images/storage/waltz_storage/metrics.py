@@ -6,14 +6,11 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from .service import PartitionService
 
 FSYNC_BUCKETS = (
     0.0001,
@@ -31,6 +28,17 @@ FSYNC_BUCKETS = (
     1.0,
     2.5,
 )
+
+
+class ScrapedPartition(Protocol):
+    """What a scrape reads of a partition (``PartitionService``)."""
+
+    @property
+    def partition_id(self) -> int: ...
+
+    def snapshot(self) -> Mapping[str, float]:
+        """The partition's gauges by name (``_PartitionCollector`` lists the names)."""
+        ...
 
 
 class StorageMetrics:
@@ -107,7 +115,7 @@ class StorageMetrics:
             registry=r,
         )
 
-    def watch_partitions(self, source: Callable[[], Iterable[PartitionService]]) -> None:
+    def watch_partitions(self, source: Callable[[], Iterable[ScrapedPartition]]) -> None:
         self.registry.register(_PartitionCollector(source))
 
     def watch_disk(self, directory: str) -> None:
@@ -171,7 +179,7 @@ class _DiskCollector(Collector):
 class _PartitionCollector(Collector):
     """Per-partition state, read at scrape time."""
 
-    def __init__(self, source: Callable[[], Iterable[PartitionService]]) -> None:
+    def __init__(self, source: Callable[[], Iterable[ScrapedPartition]]) -> None:
         self._source = source
 
     def collect(self):

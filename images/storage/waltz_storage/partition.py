@@ -8,14 +8,16 @@ import os
 import uuid
 from collections.abc import Callable
 
+from waltz_client.runtime.files import fsync_directory
 from waltz_client.wire.native import native
 from waltz_client.wire.records import RecordBatch, RecordHeader
 
-from .control_file import NO_TRANSACTION, fsync_directory
+from .control_file import NO_TRANSACTION
 from .errors import NonContiguousAppend, PartitionRefused, TransactionNotFound, TruncateRefused
 from .log_start import leftover_segments, read_log_start, write_log_start
 from .recovery import SEGMENT_NAME, refusal, scan_partition
-from .segment import Segment, segment_stem, wire_to_disk
+from .segment import Segment, wire_to_disk
+from .segment_format import segment_stem
 
 log = logging.getLogger(__name__)
 

@@ -30,23 +30,23 @@ import re
 import struct
 import uuid
 from array import array
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from waltz_client.cluster.metadata import key_fingerprint
 
 from . import segment as seg
 from .errors import CorruptSegment
 from .log_start import leftover_segments
-from .segment import (
+from .segment_format import (
     HEADER_BYTES,
     RECORD_HEAD,
     RECORD_HEAD_BYTES,
     RECORD_OVERHEAD,
     check_record,
     decode_header,
-    read_index,
     segment_stem,
 )
+from .segment_scan import Damage, SegmentScan
 
 SEGMENT_NAME = re.compile(r"^(\d{19})\.seg$")
 INDEX_NAME = re.compile(r"^(\d{19})\.idx$")
@@ -55,59 +55,6 @@ INDEX_NAME = re.compile(r"^(\d{19})\.idx$")
 SEARCH_TXIDS = 256
 _TXID = struct.Struct(">q")
 _CUT_SHORT = ("record head cut short", "record cut short")
-
-
-@dataclass(frozen=True, slots=True)
-class Damage:
-    """Where the valid records of a segment stop before the end of its file."""
-
-    offset: int
-    txid: int  # the transaction the record there should hold
-    cut: int  # bytes from the damage to the end of the file
-    where: str  # "partition P segment S: <problem> at offset O (transaction T)"
-    reason: str | None  # why this cannot be a torn tail; None: a torn tail, which may be cut
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentScan:
-    """One segment as found on disk (read-only)."""
-
-    first_txid: int
-    header: bytes
-    created_ms: int
-    size: int  # where the file's non-zero bytes end: its records' end unless damaged
-    offsets: array  # of every valid record, up to the damage if any
-    hints: array  # the .idx entries: each was written after its record's fsync
-    index_note: str | None  # why the .idx gives no entries at all (missing, other header)
-    damage: Damage | None
-    # A segment before the last whose index holds exactly its checked records' offsets:
-    # how many; ``offsets`` and ``hints`` are then dropped (``in_index``), so a partition's
-    # scan holds one segment's offsets at a time, not the whole log's.
-    indexed_records: int = -1
-
-    @property
-    def name(self) -> str:
-        return segment_stem(self.first_txid) + ".seg"
-
-    @property
-    def in_index(self) -> bool:
-        return self.indexed_records >= 0
-
-    @property
-    def count(self) -> int:
-        return self.indexed_records if self.in_index else len(self.offsets)
-
-    @property
-    def last_txid(self) -> int:
-        return self.first_txid + self.count - 1
-
-    def offsets_left_in_index(self) -> SegmentScan:
-        """This scan without its offsets, when its index holds exactly them (a segment
-        before the last, undamaged); else itself."""
-        if self.damage is not None or self.index_note is not None or self.hints != self.offsets:
-            return self
-        empty = array("q")
-        return replace(self, offsets=empty, hints=empty, indexed_records=len(self.offsets))
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +273,7 @@ def scan_segment(
                 f"{stored_first}, file name says partition {partition_id} first {first_txid}"
             )
         size = os.fstat(fd).st_size
-        hints, note = read_index(stem + ".idx", header)
+        hints, note = seg.read_index(stem + ".idx", header)
         # Zeros after the records are space written ahead of them, not part of the file:
         # damage is judged against the file's last non-zero byte.
         offsets, pos, problem, size = seg.scan_segment_file(fd, size, first_txid)

@@ -1,14 +1,6 @@
 """One segment of a partition's log: ``<first txid>.seg`` (records) and ``.idx`` (offsets).
 
-Both files start with the same 128-byte header::
-
-    i32 format version | i64 creation time (ms) | 16-byte cluster key | i32 partition id
-    | i64 first transaction id | u32 CRC-32 of the previous 40 bytes | 84 reserved zero bytes
-
-A record in the ``.seg`` file::
-
-    i64 transaction id | ReqId (4 x i32) | i32 header | i32 data length | u32 data CRC-32
-    | data | u32 record CRC-32 (of the 36 bytes before the data)
+The byte layout of both files is in ``segment_format.py``.
 
 The ``.seg`` file of the segment being appended to grows ahead of its records in
 zero-filled steps (``PREALLOCATE_STEP``); the zeros after the last record are free
@@ -36,32 +28,32 @@ import os
 import struct
 import time
 import uuid
-import zlib
 from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from waltz_client.runtime.files import fsync_directory
 from waltz_client.wire.crc import crc32 as fast_crc32
 from waltz_client.wire.native import native
 from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch
 
-from .control_file import fsync_directory
 from .errors import CorruptSegment, TransactionNotFound, out_of_space
+from .group_sync import WriteBack
 from .index_offsets import IndexedOffsets
-
-if TYPE_CHECKING:
-    from .group_sync import WriteBack
-    from .recovery import Damage, SegmentScan
+from .segment_format import (
+    CRC,
+    HEADER_BYTES,
+    RECORD_HEAD,
+    RECORD_HEAD_BYTES,
+    RECORD_OVERHEAD,
+    check_record,
+    cut_short,
+    encode_header,
+    segment_stem,
+)
+from .segment_scan import Damage, SegmentScan
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-HEADER_BYTES = 128
-_HEADER = struct.Struct(">iq16siq")
-_CRC = struct.Struct(">I")
-RECORD_HEAD = struct.Struct(">qiiiiiiI")  # txid, reqid(4), header, data length, data crc
-RECORD_HEAD_BYTES = RECORD_HEAD.size  # 36
-RECORD_OVERHEAD = RECORD_HEAD_BYTES + _CRC.size  # 40 bytes around the data
 INDEX_CHECKPOINT = 1000
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 LAST_TXID = 2**63 - 1  # the largest i64: the compiled scan leaves it to the Python loop
@@ -78,19 +70,6 @@ ZEROS_FOR_WRITES_UNDER = 256 * 1024
 _ZEROS = memoryview(bytes(PREALLOCATE_STEP))
 
 
-def segment_stem(first_txid: int) -> str:
-    return f"{first_txid:019d}"
-
-
-def encode_header(
-    cluster_key: uuid.UUID, partition_id: int, first_txid: int, created_ms: int | None = None
-) -> bytes:
-    if created_ms is None:
-        created_ms = int(time.time() * 1000)
-    head = _HEADER.pack(FORMAT_VERSION, created_ms, cluster_key.bytes, partition_id, first_txid)
-    return (head + _CRC.pack(zlib.crc32(head))).ljust(HEADER_BYTES, b"\x00")
-
-
 def end_of_data(fd: int, start: int, size: int) -> int:
     """The offset after the last non-zero byte of the file between ``start`` and ``size``
     (``start`` if there is none): where the zero-filled space after the records begins."""
@@ -102,45 +81,6 @@ def end_of_data(fd: int, start: int, size: int) -> int:
             return end - chunk + kept
         end -= chunk
     return start
-
-
-def decode_header(data: bytes, path: str) -> tuple[int, int, uuid.UUID, int, int]:
-    """(version, created ms, cluster key, partition id, first txid); CorruptSegment if bad."""
-    if len(data) < HEADER_BYTES:
-        raise CorruptSegment(f"{path}: header is {len(data)} bytes, expected {HEADER_BYTES}")
-    version, created, key, partition_id, first = _HEADER.unpack_from(data)
-    (crc,) = _CRC.unpack_from(data, _HEADER.size)
-    if zlib.crc32(data[: _HEADER.size]) != crc:
-        raise CorruptSegment(f"{path}: header checksum mismatch")
-    if version != FORMAT_VERSION:
-        raise CorruptSegment(f"{path}: format version {version} not supported")
-    return version, created, uuid.UUID(bytes=key), partition_id, first
-
-
-def check_record(buf: bytes | memoryview, pos: int, expected_txid: int) -> str | None:
-    """Why the record at ``pos`` is not a whole, valid record of ``expected_txid`` (None if it is).
-
-    ``buf`` must extend at least to the record's end for a valid record.
-    """
-    end = len(buf)
-    if end - pos < RECORD_HEAD_BYTES:
-        return f"record head cut short ({end - pos} of {RECORD_HEAD_BYTES} bytes)"
-    txid, _, _, _, _, _, length, data_crc = RECORD_HEAD.unpack_from(buf, pos)
-    head_end = pos + RECORD_HEAD_BYTES
-    if end - head_end >= length + 4 and length >= 0:
-        (record_crc,) = _CRC.unpack_from(buf, head_end + length)
-        head_ok = fast_crc32(memoryview(buf)[pos:head_end]) == record_crc
-    else:
-        head_ok = False
-    if not head_ok:
-        if length < 0 or end - head_end < length + 4:
-            return f"record cut short (head says {length} data bytes, {end - head_end} follow)"
-        return "record checksum mismatch"
-    if txid != expected_txid:
-        return f"transaction id {txid} where {expected_txid} was expected"
-    if fast_crc32(memoryview(buf)[head_end : head_end + length]) != data_crc:
-        return f"data checksum mismatch in transaction {txid}"
-    return None
 
 
 def wire_to_disk(batch: RecordBatch, start: int, stop: int, out: bytearray) -> list[int]:
@@ -161,7 +101,7 @@ def wire_to_disk(batch: RecordBatch, start: int, stop: int, out: bytearray) -> l
         head = buf[pos:data_start] + buf[data_end : data_end + 4]  # 32-byte head + data crc
         out += head
         out += mv[data_start:data_end]
-        out += _CRC.pack(crc_fn(head))
+        out += CRC.pack(crc_fn(head))
         sizes.append(length + RECORD_OVERHEAD)
     return sizes
 
@@ -189,7 +129,7 @@ def disk_to_wire(buf: bytes, first_txid: int, ends: list[int], source: str) -> R
     span = spans.append
     mv = memoryview(buf)
     head = _HEAD_CHECKED.unpack_from
-    stored_crc = _CRC.unpack_from
+    stored_crc = CRC.unpack_from
     crc32 = fast_crc32
     pos = out_pos = 0
     txid = first_txid
@@ -679,10 +619,6 @@ def read_index(path: str, data_header: bytes) -> tuple[array, str | None]:
     return entries, None
 
 
-def _cut_short(length: int, follow: int) -> str:
-    return f"record cut short (head says {length} data bytes, {follow} follow)"
-
-
 def scan_segment_file(fd: int, size: int, first_txid: int) -> tuple[array, int, str | None, int]:
     """``scan_records`` from the header to ``size``, taking the zeros written ahead of the
     records as free space: (offsets, where the valid records stop, why they stop there or
@@ -703,7 +639,7 @@ def scan_records(fd: int, pos: int, size: int, expected_txid: int) -> tuple[arra
     offsets = array("q")
     crc32 = fast_crc32
     head = RECORD_HEAD.unpack_from
-    crc_at = _CRC.unpack_from
+    crc_at = CRC.unpack_from
     while pos < size:
         buf = os.pread(fd, min(SCAN_CHUNK_BYTES, size - pos), pos)
         n = len(buf)
@@ -740,7 +676,7 @@ def scan_records(fd: int, pos: int, size: int, expected_txid: int) -> tuple[arra
             return offsets, pos, check_record(head_bytes, 0, expected_txid)
         length = head(head_bytes, 0)[6]
         if length < 0 or pos + RECORD_OVERHEAD + length > size:
-            return offsets, pos, _cut_short(length, size - pos - RECORD_HEAD_BYTES)
+            return offsets, pos, cut_short(length, size - pos - RECORD_HEAD_BYTES)
         problem = check_record(os.pread(fd, RECORD_OVERHEAD + length, pos), 0, expected_txid)
         if problem is not None:
             return offsets, pos, problem

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from waltz_client.runtime.files import fsync_directory
 from waltz_client.wire.records import CRC, DEFAULT_MAX_DATA_BYTES, WIRE_RECORD_HEAD, RecordBatch
 
 MANIFEST_NAME = "waltz-backup.json"
@@ -63,14 +64,6 @@ def chunk_name(partition: int, first: int, last: int) -> str:
 def encode_chunk_header(partition: int, first: int, last: int) -> bytes:
     head = _CHUNK_HEAD.pack(CHUNK_MAGIC, partition, first, last)
     return head + CRC.pack(zlib.crc32(head))
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- the manifest -----------------------------------------------------------------------

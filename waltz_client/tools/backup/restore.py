@@ -5,7 +5,7 @@ The restore checks every byte of the backup first and refuses a non-empty target
 write. It writes, in order:
 
 1. each storage node's directory, with the storage engine itself
-   (``waltz_storage``): the control file of a new cluster key, and for every
+   (``waltz_storage.restore``): the control file of a new cluster key, and for every
    partition the node holds (the placement ``waltz cluster create`` would choose) the
    records ``first..H`` of the backup, the ``log-start`` file when ``first`` > 0, and
    the partition's control struct as a store session's recovery leaves it: session 0,
@@ -29,8 +29,10 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -47,8 +49,12 @@ from waltz_client.cluster.metadata import (
 )
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.placement import assign_replicas
+from waltz_client.wire.records import RecordBatch
 
-from .format import BackupError, Manifest, fsync_directory, read_chunk, verify_backup
+from .format import BackupError, ChunkFile, Manifest, read_chunk, verify_backup
+
+if TYPE_CHECKING:
+    from waltz_storage.restore import RestoredPartition
 
 # The store session the restored metadata and control files record: the first session
 # a server opens is the next one.
@@ -251,82 +257,63 @@ def _remove_written(directory: str, created: bool) -> None:
                 os.unlink(path)
 
 
-def _storage_engine():
+def _storage_restore() -> ModuleType:
+    """The storage engine's restore (``waltz_storage.restore``), loaded only to write."""
     try:
-        from waltz_storage import control_file, log_start, partition
+        from waltz_storage import restore as storage_restore
     except ImportError as e:  # a client-only installation
         raise BackupError(
             f"restore writes storage directories with the storage engine (waltz_storage), "
             f"which this installation lacks: {e}"
         ) from None
-    return control_file, log_start, partition
+    return storage_restore
 
 
 def _write_storage(
     plan: RestorePlan, segment_bytes: int | None, progress: Callable[[str], None]
 ) -> dict[str, list[int]]:
-    control_file, log_start_file, partition = _storage_engine()
+    storage_restore = _storage_restore()
     manifest = plan.manifest
-    n = manifest.source.num_partitions
-    controls = {}
-    written: dict[str, list[int]] = {t.directory: [] for t in plan.targets}
+    holders = {
+        p: [t for t in plan.targets if p in plan.assignment.storages[t.address]]
+        for p in range(manifest.source.num_partitions)
+    }
+
+    def written(partition: RestoredPartition) -> None:
+        p = partition.partition_id
+        progress(
+            f"partition {p}: {partition.first}..{partition.high_water_mark} written to "
+            f"{', '.join(t.address for t in holders[p])}"
+        )
+
+    partitions = (
+        storage_restore.RestoredPartition(
+            p,
+            manifest.partitions[p].first,
+            manifest.partitions[p].high_water_mark,
+            [t.directory for t in holders[p]],
+            _batches(plan.directory, p, manifest.partitions[p].files),
+        )
+        for p in range(manifest.source.num_partitions)
+    )
     try:
-        for t in plan.targets:
-            controls[t.address] = control_file.ControlFile.create(t.directory, plan.key, n)
-        for p in range(n):
-            b = manifest.partitions[p]
-            holders = [t for t in plan.targets if p in plan.assignment.storages[t.address]]
-            logs = []
-            try:
-                for t in holders:
-                    folder = os.path.join(t.directory, str(p))
-                    os.makedirs(folder)
-                    fsync_directory(t.directory)
-                    if b.first > 0:
-                        log_start_file.write_log_start(folder, b.first)
-                    logs.append(
-                        partition.PartitionLog.open(
-                            folder,
-                            p,
-                            plan.key,
-                            segment_bytes=segment_bytes or partition.DEFAULT_SEGMENT_BYTES,
-                        )
-                    )
-                # Each chunk is read (and checked again) once for all the replicas.
-                for chunk in b.files:
-                    for batch in read_chunk(plan.directory, p, chunk):
-                        for plog in logs:
-                            plog.append(batch)
-                for plog in logs:
-                    for segment in plog.segments:
-                        segment.seal()
-                    if plog.max_txid != b.high_water_mark or plog.first_txid != b.first:
-                        raise BackupError(
-                            f"partition {p}: the restored log holds {plog.first_txid}.."
-                            f"{plog.max_txid}, expected {b.first}..{b.high_water_mark}"
-                        )
-            finally:
-                for plog in logs:
-                    plog.close()
-            for t in holders:
-                controls[t.address].write_partition(
-                    p,
-                    control_file.PartitionInfo(
-                        fence_session_id=RESTORED_SESSION,
-                        session_id=RESTORED_SESSION,
-                        low_water_mark=b.high_water_mark,
-                        local_low_water_mark=b.high_water_mark,
-                    ),
-                )
-                written[t.directory].append(p)
-            progress(
-                f"partition {p}: {b.first}..{b.high_water_mark} written to "
-                f"{', '.join(t.address for t in holders)}"
-            )
-    finally:
-        for control in controls.values():
-            control.close()
-    return written
+        return storage_restore.write_restored_nodes(
+            [t.directory for t in plan.targets],
+            plan.key,
+            manifest.source.num_partitions,
+            partitions,
+            session=RESTORED_SESSION,
+            segment_bytes=segment_bytes,
+            on_written=written,
+        )
+    except storage_restore.RestoredLogMismatch as e:
+        raise BackupError(str(e)) from None
+
+
+def _batches(directory: str, partition: int, chunks: list[ChunkFile]) -> Iterator[RecordBatch]:
+    """A partition's records from its chunk files, read (and checked again) as they go."""
+    for chunk in chunks:
+        yield from read_chunk(directory, partition, chunk)
 
 
 def _write_metadata(plan: RestorePlan, zk: KazooClient, root: str) -> None:
