@@ -16,11 +16,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BlockingWaltzClient": ".blocking",
     "DatabaseCallbacks": ".dbapi",
-    "Forbidden": ".client",
+    "Forbidden": ".errors",
     "Lock": ".transaction",
-    "MissingTransactions": ".client",
-    "SubmitResult": ".client",
-    "SubmitStatus": ".client",
+    "MissingTransactions": ".errors",
+    "SubmitResult": ".submit_policy",
+    "SubmitStatus": ".submit_policy",
     "Transaction": ".transaction",
     "TransactionBuilder": ".transaction",
     "TransactionContext": ".transaction",
@@ -28,7 +28,7 @@ _EXPORTS = {
     "WaltzClientCallbacks": ".callbacks",
     "WaltzClientConfig": ".config",
     "WaltzConfigError": ".config",
-    "WaltzError": ".client",
+    "WaltzError": ".errors",
 }
 
 __all__ = [
@@ -52,16 +52,11 @@ __all__ = [
 if TYPE_CHECKING:
     from .blocking import BlockingWaltzClient
     from .callbacks import WaltzClientCallbacks
-    from .client import (
-        Forbidden,
-        MissingTransactions,
-        SubmitResult,
-        SubmitStatus,
-        WaltzClient,
-        WaltzError,
-    )
+    from .client import WaltzClient
     from .config import WaltzClientConfig, WaltzConfigError
     from .dbapi import DatabaseCallbacks
+    from .errors import Forbidden, MissingTransactions, WaltzError
+    from .submit_policy import SubmitResult, SubmitStatus
     from .transaction import Lock, Transaction, TransactionBuilder, TransactionContext
 
 

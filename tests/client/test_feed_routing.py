@@ -15,7 +15,9 @@ import asyncio
 
 from waltz_client import WaltzClient, WaltzClientCallbacks, WaltzClientConfig
 from waltz_client.client import _Partition, _Submission
+from waltz_client.client_partition import ClientPartition
 from waltz_client.monitor import Outcome
+from waltz_client.submit_policy import SubmissionRetries
 from waltz_client.wire.client_messages import FeedRows, MountResponse, MountStatus
 from waltz_client.wire.records import ReqId
 
@@ -41,16 +43,17 @@ def producer(callbacks: WaltzClientCallbacks | None = None) -> tuple[WaltzClient
     config = WaltzClientConfig("127.0.0.1:1", feed=callbacks is not None)
     client = WaltzClient(config, callbacks)
     client.view.client_id = CLIENT  # as start() would have it
-    state = _Partition(0, callbacks is not None, asyncio.Semaphore(8))
-    state.mount_req = MOUNT
+    state = _Partition(ClientPartition(0, callbacks is not None, 0.05), asyncio.Semaphore(8))
+    state.core.mount_req = MOUNT
     client._partitions[0] = state
     return client, state
 
 
 def pending(state: _Partition, seq: int) -> asyncio.Future:
-    sub = _Submission(None, 0, asyncio.get_running_loop().create_future())  # type: ignore[arg-type]
+    future = asyncio.get_running_loop().create_future()
+    sub = _Submission(None, 0, future, SubmissionRetries(1, 0.05))  # type: ignore[arg-type]
     sub.attempt = asyncio.get_running_loop().create_future()
-    state.monitor.sent(ReqId(CLIENT, 1, 0, seq), sub)
+    state.core.monitor.sent(ReqId(CLIENT, 1, 0, seq), sub)
     return sub.attempt
 
 
@@ -66,7 +69,7 @@ def test_a_producers_feed_settles_appends_as_it_arrives() -> None:
             Outcome.COMMITTED,
             1,
         )
-        assert state.applied == 1 and state.applied_changed.is_set()
+        assert state.core.applied == 1 and state.applied_changed.is_set()
 
     asyncio.run(go())
 
@@ -105,9 +108,9 @@ def test_a_gap_or_an_old_mounts_feed_settles_nothing() -> None:
         attempt = pending(state, 10)
         state.inbox_waiting = True
         client._on_stream_message(FeedRows(ReqId(CLIENT, 0, 0, 1), ((0, CLIENT, 1, 0, 10, 0),)))
-        assert not attempt.done() and state.applied == -1  # an older mount's feed
+        assert not attempt.done() and state.core.applied == -1  # an older mount's feed
         client._on_stream_message(feed((0, 9), (2, 10)))  # transaction 1 is missing
-        assert state.applied == 0 and state.remount.is_set()
+        assert state.core.applied == 0 and state.remount.is_set()
         assert not attempt.done()  # the next mount settles it
         assert state.applied_changed.is_set()  # transaction 0 was taken
 
@@ -125,10 +128,10 @@ def test_other_clients_transactions_move_the_mark_and_settle_nothing_of_ours() -
         state.inbox_waiting = True
         other = CLIENT + 1
         client._on_stream_message(FeedRows(MOUNT, ((0, other, 1, 0, 10, 0),)))
-        assert state.applied == 0 and not attempt.done()
+        assert state.core.applied == 0 and not attempt.done()
         rows = ((1, other, 1, 0, 11, 0), (2, CLIENT, 1, 0, 10, 0))
         client._on_stream_message(FeedRows(MOUNT, rows))
-        assert state.applied == 2
+        assert state.core.applied == 2
         assert (attempt.result().outcome, attempt.result().transaction_id) == (
             Outcome.COMMITTED,
             2,

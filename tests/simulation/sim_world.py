@@ -3,25 +3,29 @@
 What runs is the server's own code: ``Partition`` (with ``PartitionCore``), its
 ``StoreSession`` (with ``SessionCore``), recovery (``recovery_manager`` and the pure
 vote), background catch-up, and the client connection handler; storage nodes run the
-storage daemon's ``PartitionService`` on an in-memory disk; clients use the real
-``ServerConnection``. Only the outside is simulated: the clock and the event loop
-(``sim_loop``), the network (``sim_net``), the disks (``sim_storage``), ZooKeeper (the
-partition metadata by compare-and-set, server sessions that expire) and the choice of
-partition owner with its generation (what the servers' rebalance computes).
+storage daemon's ``PartitionService`` on an in-memory disk; clients (``sim_client``) use
+the real ``ServerConnection`` and decide with the client library's own
+``ClientPartition`` and ``SubmissionRetries``. Only the outside is simulated: the clock
+and the event loop (``sim_loop``), the network (``sim_net``), the disks
+(``sim_storage``), ZooKeeper (the partition metadata by compare-and-set, server sessions
+that expire) and the choice of partition owner with its generation (what the servers'
+rebalance computes).
 
 Faults, drawn from the seed: storage nodes crash (losing what they had not fsync'd) and
 restart; links between a server and a storage node are cut and healed; the owning server
 crashes, or is cut off from everything (a pause), or loses its ZooKeeper session, and the
 partition moves to another server with a higher generation; client links are cut.
-Clients append logical transactions, resend what a Mount or Flush answer says was lost
-(as the client library does), and remount whenever the server tells them to.
+Clients append logical transactions, send again what a Mount, Flush or feed row settles
+as lost (after the library's backoff, giving up after its ``max_retries``), and mount
+again whenever the server tells them to.
 
 After every event the world checks: no fork (a transaction ID delivered with two
-different requests), no logical transaction committed twice, no gap on a feed, every
-acknowledged transaction on a majority of replicas, every replica's log up to its local
-low-water mark equal to the committed log, and each storage node accepting appends from
-non-decreasing sessions only. At the end every fault heals, and every replica must hold
-exactly the committed log, with every acknowledged transaction in it.
+different requests), no logical transaction committed twice, no request a client settled
+as lost (or refused) ever committed, no gap on a feed, every acknowledged transaction on
+a majority of replicas, every replica's log up to its local low-water mark equal to the
+committed log, and each storage node accepting appends from non-decreasing sessions
+only. At the end every fault heals, and every replica must hold exactly the committed
+log, with every acknowledged transaction in it.
 """
 
 from __future__ import annotations
@@ -32,29 +36,16 @@ import logging
 import os
 import random
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+from sim_client import SimClient
 from sim_loop import VirtualTimeLoop
 from sim_net import SimNetwork, open_stream
 from sim_storage import SimStorageNode
 
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.replica_safety import replica_change_problem, still_needed
-from waltz_client.wire.client_messages import (
-    AppendRequest,
-    ClientMessage,
-    ErrorResponse,
-    FeedData,
-    FeedSuspended,
-    FlushRequest,
-    FlushResponse,
-    LockFailure,
-    MountRequest,
-    MountResponse,
-    MountStatus,
-)
 from waltz_client.wire.records import ReqId
-from waltz_client.wire.server_connection import ServerConnection
 from waltz_client.wire.storage_messages import (
     AppendRequest as StorageAppend,
 )
@@ -223,153 +214,6 @@ class SimServer:
         self.pool = self._new_pool()
 
 
-# --- clients --------------------------------------------------------------------------
-
-
-@dataclass
-class Pending:
-    logical: str
-    req_id: ReqId
-
-
-@dataclass
-class SimClient:
-    world: World
-    name: str
-    client_id: int
-    conn: ServerConnection | None = None
-    connection_seq: int = 0
-    mount_req: ReqId | None = None
-    mounted: bool = False
-    applied: int = -1  # client high-water mark
-    seq: int = 0
-    pending: dict[ReqId, Pending] = field(default_factory=dict)
-    flushes: dict[ReqId, set[ReqId]] = field(default_factory=dict)
-    unsent: list[str] = field(default_factory=list)  # logical transactions to (re)send
-    counter: int = 0
-    remount: bool = True
-
-    def next_req(self, generation: int) -> ReqId:
-        self.seq += 1
-        return ReqId(self.client_id, generation, PARTITION, self.seq)
-
-    def on_message(self, m: ClientMessage) -> None:
-        world = self.world
-        match m:
-            case FeedData(req_id=q) if q == self.mount_req:
-                for h in m.headers:
-                    if h.transaction_id <= self.applied:
-                        continue
-                    if h.transaction_id != self.applied + 1:
-                        world.fail(
-                            f"{self.name}: feed gap: {h.transaction_id} after {self.applied}"
-                        )
-                    self.applied = h.transaction_id
-                    world.delivered(h.transaction_id, h.req_id)
-                    mine = self.pending.pop(h.req_id, None)
-                    if mine is not None:
-                        world.acknowledged(mine.logical, h.transaction_id)
-            case MountResponse(req_id=q, status=status) if q == self.mount_req:
-                if status == MountStatus.READY:
-                    self.mounted = True
-                    self._lost(set(self.pending))  # every earlier append is settled
-                else:
-                    self.remount = True
-            case FlushResponse(req_id=q) if q in self.flushes:
-                sent_before = self.flushes.pop(q)
-                self._lost(sent_before & set(self.pending))
-            case ErrorResponse(req_id=q):
-                self.flushes.pop(q, None)
-                self.remount = True
-            case FeedSuspended(req_id=q) if q == self.mount_req:
-                self.remount = True
-            case LockFailure():
-                pass
-
-    def _lost(self, req_ids: set[ReqId]) -> None:
-        for q in sorted(req_ids, key=lambda r: r.seq):
-            p = self.pending.pop(q)
-            self.world.trace(f"{self.name}: {p.logical} ({q.seq}) settled as lost: resend")
-            self.unsent.append(p.logical)
-
-    async def run(self, until: float) -> None:
-        loop = asyncio.get_running_loop()
-        rng = self.world.rng
-        while loop.time() < until or self.unsent or self.pending:
-            if loop.time() > until + 120:
-                self.world.fail(f"{self.name}: could not settle {len(self.pending)} appends")
-            if self.remount or self.conn is None or self.conn.closed_reason is not None:
-                await self._mount()
-                continue
-            if loop.time() < until and rng.random() < 0.6:
-                self.counter += 1
-                self.unsent.append(f"{self.name}-{self.counter}")
-            while self.unsent and self.mounted:
-                self._append(self.unsent.pop(0))
-            if self.pending and rng.random() < 0.3:
-                q = self.next_req(self.mount_req.generation if self.mount_req else 0)
-                self.flushes[q] = set(self.pending)
-                self.conn.send(FlushRequest(q))
-            await asyncio.sleep(rng.uniform(0.005, 0.2))
-        if self.conn is not None:
-            await self.conn.close()
-
-    def _append(self, logical: str) -> None:
-        assert self.conn is not None and self.mount_req is not None
-        q = self.next_req(self.mount_req.generation)
-        self.pending[q] = Pending(logical, q)
-        self.world.submitted[q] = logical
-        self.conn.send(AppendRequest(q, self.applied, (), (), (), 0, logical.encode()))
-
-    async def _mount(self) -> None:
-        world = self.world
-        self.mounted = False
-        self.remount = False
-        # A late answer to the old mount (it may arrive while the old connection closes)
-        # must not count as this one's: it would settle appends sent before the new
-        # mount answered (which the new mount's answer settles) as mounted already.
-        self.mount_req = None
-        if self.conn is not None:
-            await self.conn.close()
-            self.conn = None
-        owner = world.owner
-        if owner is None:
-            await asyncio.sleep(0.2)
-            self.remount = True
-            return
-        server, generation = owner
-        try:
-            self.conn = await asyncio.wait_for(
-                ServerConnection.connect(
-                    server.name,
-                    1,
-                    on_message=self.on_message,
-                    open_connection=lambda host, port: open_stream(
-                        world.net, self.name, host, port
-                    ),
-                ),
-                2.0,
-            )
-        except Exception as e:  # refused, timed out, closed during the handshake
-            world.trace(f"{self.name}: connect to {server.name} failed: {type(e).__name__}")
-            await asyncio.sleep(0.2)
-            self.remount = True
-            return
-        self.connection_seq += 1
-        self.mount_req = self.next_req(generation)
-        world.trace(
-            f"{self.name}: mount at {server.name} gen {generation} from {self.applied} "
-            f"({self.mount_req.seq})"
-        )
-        self.conn.send(MountRequest(self.mount_req, self.applied, self.connection_seq))
-        deadline = asyncio.get_running_loop().time() + 5.0
-        while not self.mounted and not self.remount:
-            if asyncio.get_running_loop().time() > deadline or self.conn.closed_reason:
-                self.remount = True
-                break
-            await asyncio.sleep(0.05)
-
-
 # --- the world ------------------------------------------------------------------------
 
 
@@ -393,10 +237,12 @@ class World:
         self.servers = [SimServer(self, s) for s in SERVERS]
         self.owner: tuple[SimServer, int] | None = None
         self.generation = 0
-        self.clients = [SimClient(self, c, i + 1) for i, c in enumerate(CLIENTS)]
+        self.clients = [SimClient(self, c, i + 1, PARTITION) for i, c in enumerate(CLIENTS)]
         self.committed: dict[int, ReqId] = {}  # txid -> request, as feeds delivered it
-        self.submitted: dict[ReqId, str] = {}  # request -> logical transaction
+        self.requests: dict[ReqId, str] = {}  # request -> logical transaction
         self.acked: dict[str, int] = {}  # logical transaction -> txid
+        self.settled_uncommitted: dict[ReqId, str] = {}  # request -> how a client settled it
+        self.given_up: dict[str, str] = {}  # logical transaction -> why its client gave up
         self._tasks: list[asyncio.Task] = []
 
     # --- trace and checks -------------------------------------------------------------
@@ -420,7 +266,10 @@ class World:
         if known is not None and known != req_id:
             self.fail(f"fork: transaction {txid} delivered as {known} and as {req_id}")
         self.committed[txid] = req_id
-        logical = self.submitted.get(req_id)
+        logical = self.requests.get(req_id)
+        settled = self.settled_uncommitted.get(req_id)
+        if settled is not None:
+            self.fail(f"{logical} ({req_id.seq}) was settled as {settled} but committed at {txid}")
         if logical is not None:
             other = self.acked.get(logical)
             if other is not None and other != txid:
@@ -430,8 +279,23 @@ class World:
             if txid <= _floor(node):
                 self._check_clean(node, txid)
 
+    def submitted(self, req_id: ReqId, logical: str) -> None:
+        self.requests[req_id] = logical
+
     def acknowledged(self, logical: str, txid: int) -> None:
         self.acked[logical] = txid
+
+    def never_commits(self, req_id: ReqId, logical: str, why: str) -> None:
+        """A client settled ``req_id`` as not committed (lost, refused): the client runs
+        the transaction again on that word, so it must hold."""
+        known = next((t for t, q in self.committed.items() if q == req_id), None)
+        if known is not None:
+            self.fail(f"{logical} ({req_id.seq}) was settled as {why} but committed at {known}")
+        self.settled_uncommitted[req_id] = why
+
+    def gave_up(self, logical: str, reason: str) -> None:
+        self.trace(f"{logical} gave up: {reason}")
+        self.given_up[logical] = reason
 
     def observe(self, node: SimStorageNode, request, response) -> None:
         """After a storage node handled a request: the invariants it could break."""
@@ -682,7 +546,10 @@ class World:
         for logical, txid in self.acked.items():
             if txid > hwm:
                 self.fail(f"{logical} acknowledged at {txid} above the final mark {hwm}")
-        self.trace(f"final high-water mark {hwm}, {len(self.acked)} acknowledged")
+        self.trace(
+            f"final high-water mark {hwm}, {len(self.acked)} acknowledged, "
+            f"{len(self.given_up)} given up"
+        )
 
     def run(self) -> None:
         loop = VirtualTimeLoop()

@@ -75,3 +75,15 @@ def test_the_world_notices_a_broken_invariant() -> None:
     world.delivered = delivered_and_lost
     with pytest.raises(SimulationFailure, match="committed transaction 5 is on 0 replicas"):
         world.run()
+
+
+def test_the_world_notices_a_client_settling_wrongly() -> None:
+    """The client checks can fail too: a client whose Flush answers settle every pending
+    append (not only those sent before the Flush) calls appends lost that then commit,
+    and would run them twice."""
+    world = World(3)
+    for client in world.clients:
+        monitor = client.core.monitor
+        monitor.flushed = lambda sent_before, monitor=monitor: monitor.mounted()
+    with pytest.raises(SimulationFailure, match=r"c2-30 \(66\) was settled as lost but commit"):
+        world.run()
