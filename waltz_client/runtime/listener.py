@@ -19,9 +19,12 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .peer_warnings import PeerWarnings
+
+if TYPE_CHECKING:
+    from .settings import Setting
 
 log = logging.getLogger(__name__)
 peer_warnings = PeerWarnings(log)
@@ -238,3 +241,20 @@ def _describe(e: BaseException, timeout: float) -> str:
     if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
         return f"not done within {timeout:g} s (handshake_timeout)"
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def address_settings(*, port: int, http_port: int, port_is: str) -> list[Setting]:
+    """The daemon settings (both daemons) of where it listens: the protocol port
+    (``port_is`` names it in the help: "client port") and the HTTP port, with defaults."""
+    from .settings import Setting, host_name, int_in
+
+    return [
+        Setting("host", host_name, "0.0.0.0", "address to listen on"),
+        Setting("port", int_in(0, 65535), port, f"{port_is} (0: any free port)"),
+        Setting(
+            "http_port",
+            int_in(0, 65535),
+            http_port,
+            "health and metrics port (0: any free port)",
+        ),
+    ]

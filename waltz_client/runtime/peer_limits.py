@@ -25,9 +25,12 @@ import contextlib
 import time
 from collections.abc import KeysView
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from .memory_trim import MemoryTrimmer
+
+if TYPE_CHECKING:
+    from .settings import Setting
 
 MiB = 1024 * 1024
 
@@ -323,7 +326,7 @@ class FrameProgress:
             self.since = time.monotonic()
 
 
-def peer_limit_settings() -> list:
+def peer_limit_settings() -> list[Setting]:
     """The daemon settings (both daemons) behind PeerLimits."""
     from .settings import Setting, float_in, int_in, size_at_least
 
@@ -362,6 +365,21 @@ def peer_limit_settings() -> list:
             "bytes of partly received frames, all connections together",
         ),
     ]
+
+
+def max_frame_setting() -> Setting:
+    """The daemon setting (both daemons) bounding a frame from a peer."""
+    from .settings import Setting, size_at_least
+
+    return Setting("max_frame_bytes", size_at_least(64 * 1024), "64MiB", "largest frame accepted")
+
+
+def check_max_frame_bytes(max_frame_bytes: int) -> None:
+    """For a daemon's config: a frame's length is a 32-bit field."""
+    from .settings import ConfigError
+
+    if max_frame_bytes > 2**32 - 1:
+        raise ConfigError("setting max_frame_bytes: must fit the 32-bit frame length")
 
 
 def peer_limits_of(config: object) -> PeerLimits:

@@ -215,6 +215,16 @@ class Setting:
         return "--" + self.name.replace("_", "-")
 
 
+def ready_file_and_log_settings() -> list[Setting]:
+    """The daemon settings (both daemons) that come last: the ready file and the log level."""
+    return [
+        Setting(
+            "ready_file", writable_file_path, "", "write the bound ports here (JSON) once serving"
+        ),
+        Setting("log_level", log_level, "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    ]
+
+
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit status 2, as for every bad setting
         raise ConfigError(message)

@@ -19,7 +19,10 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .settings import Setting
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +218,7 @@ def tls_open_connection(contexts: TlsContexts) -> Callable[..., Any]:
     return open_connection
 
 
-def zk_tls_settings() -> list:
+def zk_tls_settings() -> list[Setting]:
     """The daemon settings (both daemons) for reaching ZooKeeper's TLS port."""
     from .settings import Setting
 
@@ -232,3 +235,43 @@ def zk_tls_of(cert: str, key: str, ca: str) -> TlsFiles | None:
     """TlsFiles from the zk_tls_* settings, or None when they are all empty."""
     files = TlsFiles(cert or None, key or None, ca or None)
     return files if files.enabled else None
+
+
+def listener_tls_settings(*, serves: str, peers: str, peer: str) -> list[Setting]:
+    """The daemon settings (both daemons) for serving their protocol port, and optionally
+    their HTTP port, over TLS. The help names what the daemon serves (``serves``: "clients")
+    and who its peers are (``peers``: "clients", ``peer``: "client")."""
+    from .settings import Setting, boolean
+
+    return [
+        Setting("tls_cert", str, "", f"PEM certificate: serve {serves} over TLS"),
+        Setting("tls_key", str, "", "PEM private key of tls_cert"),
+        Setting(
+            "http_tls",
+            boolean,
+            False,
+            "serve the HTTP port (metrics, probes) over HTTPS with tls_cert (no client cert asked)",
+        ),
+        Setting("tls_ca", str, "", f"PEM CA bundle that {peers}' certificates must chain to"),
+        Setting(
+            "tls_verify_peer",
+            boolean,
+            True,
+            f"require and verify a certificate from each {peer} (mutual TLS)",
+        ),
+    ]
+
+
+def listener_tls_of(cert: str, key: str, ca: str, verify_peer: bool) -> TlsFiles:
+    """TlsFiles from the listener_tls_settings() fields (empty: not set)."""
+    return TlsFiles(cert or None, key or None, ca or None, verify_peer)
+
+
+def check_listener_tls(files: TlsFiles, http_tls: bool) -> None:
+    """For a daemon's config: its listening TLS files load, and http_tls has them to use."""
+    from .settings import ConfigError
+
+    if files.enabled:
+        check_tls(files, "tls", listening=True)
+    elif http_tls:
+        raise ConfigError("setting http_tls: needs tls_cert and tls_key")

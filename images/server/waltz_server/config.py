@@ -10,11 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from waltz_client.cluster.acl import ZkCredential, credential_from_setting
-from waltz_client.cluster.identities import session_identities
 from waltz_client.cluster.errors import ClusterError
+from waltz_client.cluster.identities import session_identities
 from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.cluster.paths import znode_root
-from waltz_client.runtime.peer_limits import peer_limit_settings
+from waltz_client.runtime.listener import address_settings
+from waltz_client.runtime.peer_limits import (
+    check_max_frame_bytes,
+    max_frame_setting,
+    peer_limit_settings,
+)
 from waltz_client.runtime.settings import (
     REQUIRED,
     ConfigError,
@@ -22,15 +27,21 @@ from waltz_client.runtime.settings import (
     SettingsSchema,
     boolean,
     float_in,
-    host_name,
     int_in,
-    log_level,
     optional_host_name,
+    ready_file_and_log_settings,
     size_at_least,
-    writable_file_path,
     zookeeper_address,
 )
-from waltz_client.runtime.tls import TlsFiles, check_tls, zk_tls_of, zk_tls_settings
+from waltz_client.runtime.tls import (
+    TlsFiles,
+    check_listener_tls,
+    check_tls,
+    listener_tls_of,
+    listener_tls_settings,
+    zk_tls_of,
+    zk_tls_settings,
+)
 from waltz_client.wire.client_messages import MAX_LOCKS
 from waltz_client.wire.records import DEFAULT_MAX_DATA_BYTES
 
@@ -67,9 +78,7 @@ SETTINGS = (
         "ZooKeeper session timeout in seconds: how soon a dead server's partitions move",
     ),
     Setting("server_id", _server_id, "", "this server's ID (default <advertised host>-<port>)"),
-    Setting("host", host_name, "0.0.0.0", "address to listen on"),
-    Setting("port", int_in(0, 65535), 55180, "client port (0: any free port)"),
-    Setting("http_port", int_in(0, 65535), 55181, "health and metrics port (0: any free port)"),
+    *address_settings(port=55180, http_port=55181, port_is="client port"),
     Setting(
         "advertised_host",
         optional_host_name,
@@ -156,7 +165,7 @@ SETTINGS = (
         "4MiB",
         "bytes queued for a client socket before its feeds wait for it",
     ),
-    Setting("max_frame_bytes", size_at_least(64 * 1024), "64MiB", "largest frame accepted"),
+    max_frame_setting(),
     Setting("max_data_bytes", size_at_least(1), "16MiB", "largest transaction data accepted"),
     *peer_limit_settings(),
     Setting(
@@ -203,21 +212,7 @@ SETTINGS = (
         "cluster's metadata (when CreateCluster set ACLs)",
     ),
     *zk_tls_settings(),
-    Setting("tls_cert", str, "", "PEM certificate: serve clients over TLS"),
-    Setting("tls_key", str, "", "PEM private key of tls_cert"),
-    Setting(
-        "http_tls",
-        boolean,
-        False,
-        "serve the HTTP port (metrics, probes) over HTTPS with tls_cert (no client cert asked)",
-    ),
-    Setting("tls_ca", str, "", "PEM CA bundle that clients' certificates must chain to"),
-    Setting(
-        "tls_verify_peer",
-        boolean,
-        True,
-        "require and verify a certificate from each client (mutual TLS)",
-    ),
+    *listener_tls_settings(serves="clients", peers="clients", peer="client"),
     Setting("storage_tls_cert", str, "", "PEM certificate presented to storage nodes"),
     Setting("storage_tls_key", str, "", "PEM private key of storage_tls_cert"),
     Setting(
@@ -232,8 +227,7 @@ SETTINGS = (
         True,
         "verify storage nodes' certificates and host names",
     ),
-    Setting("ready_file", writable_file_path, "", "write the bound ports here (JSON) once serving"),
-    Setting("log_level", log_level, "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    *ready_file_and_log_settings(),
 )
 
 SCHEMA = SettingsSchema(
@@ -307,9 +301,7 @@ class ServerConfig:
 
     @property
     def tls(self) -> TlsFiles:
-        return TlsFiles(
-            self.tls_cert or None, self.tls_key or None, self.tls_ca or None, self.tls_verify_peer
-        )
+        return listener_tls_of(self.tls_cert, self.tls_key, self.tls_ca, self.tls_verify_peer)
 
     @property
     def storage_tls(self) -> TlsFiles:
@@ -347,8 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerConfig:
     values, _ = SCHEMA.load(argv, environ)
-    if values["max_frame_bytes"] > 2**32 - 1:
-        raise ConfigError("setting max_frame_bytes: must fit the 32-bit frame length")
+    check_max_frame_bytes(values["max_frame_bytes"])
     if values["max_data_bytes"] + MAX_APPEND_OVERHEAD > values["max_frame_bytes"]:
         raise ConfigError(
             f"setting max_data_bytes ({values['max_data_bytes']}) must leave room for the "
@@ -372,10 +363,7 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> ServerCon
             "setting advertised_tls_name: needs tls_cert and tls_key (clients check the name "
             "in the certificate of a TLS client port)"
         )
-    if config.tls.enabled:
-        check_tls(config.tls, "tls", listening=True)
-    elif config.http_tls:
-        raise ConfigError("setting http_tls: needs tls_cert and tls_key")
+    check_listener_tls(config.tls, config.http_tls)
     if config.storage_tls.enabled:
         check_tls(config.storage_tls, "storage_tls", listening=False)
     if config.zk_tls is not None:

@@ -8,7 +8,8 @@ buffer is over its high-water mark (a peer that does not read its replies), and
 while too many read tasks are in flight; feeds wait while the write buffer is
 full (a slow reader only slows itself). Feeds and mounts per connection are
 capped; the daemon-wide bounds (connections, deadlines, partial frames) are
-``waltz_client.runtime.peer_limits``.
+``waltz_client.runtime.peer_limits``. The slot, the hello, the frames and the closing,
+as every daemon's connections have them, are ``waltz_client.runtime.peer_connection``'s.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,9 +25,9 @@ from kazoo.exceptions import KazooException
 from waltz_client.cluster.access import OPEN_ACCESS, Access, AccessPolicy
 from waltz_client.cluster.client_ids import ClientIdRefused
 from waltz_client.cluster.errors import ClusterError
-from waltz_client.runtime.peer_limits import FrameProgress, PeerGuard, PeerLimits
+from waltz_client.runtime.peer_connection import ErrorKinds, PeerConnection
+from waltz_client.runtime.peer_limits import PeerGuard, PeerLimits
 from waltz_client.runtime.peer_warnings import PeerWarnings
-from waltz_client.runtime.tls import peer_identity
 from waltz_client.wire.client_messages import (
     SERVER_PROTOCOL_VERSIONS,
     AllocateClientIdRequest,
@@ -50,15 +50,8 @@ from waltz_client.wire.client_messages import (
     decode_client_request,
 )
 from waltz_client.wire.corked import CorkedWriter
-from waltz_client.wire.errors import ProtocolError, describe
-from waltz_client.wire.framing import (
-    HANDSHAKE_BYTES,
-    FrameDecoder,
-    HandshakeStatus,
-    Hello,
-    Service,
-    negotiate,
-)
+from waltz_client.wire.errors import describe
+from waltz_client.wire.framing import Service
 
 from .client_identity import (
     ACTS_AS_CLIENT,
@@ -86,7 +79,19 @@ class ConnectionLimits:
     peer: PeerLimits = PeerLimits()  # noqa: RUF009 - frozen: one shared default is safe
 
 
-class ClientConnectionHandler(asyncio.Protocol):
+class ClientConnectionHandler(PeerConnection):
+    peer_warnings = peer_warnings
+    log_name = "client connection"
+    service = Service.SERVER
+    protocol_versions = SERVER_PROTOCOL_VERSIONS
+    errors = ErrorKinds(
+        refused="connection_limit",
+        late="timeout",
+        bad_handshake="malformed",
+        malformed="malformed",
+        unauthorized="unauthorized",
+    )
+
     def __init__(
         self,
         partitions: Callable[[int], Partition | None],
@@ -100,11 +105,13 @@ class ClientConnectionHandler(asyncio.Protocol):
         bindings: ClientBindings | None = None,
         access: Callable[[], AccessPolicy | None] = lambda: OPEN_ACCESS,
     ) -> None:
-        self._write_buffer_bytes = write_buffer_bytes
         self.limits = limits or ConnectionLimits()
-        self._guard = guard or PeerGuard(self.limits.peer, "handshake")
-        self._frame = FrameProgress(self._guard, self)
-        self.connected_at = time.monotonic()
+        super().__init__(
+            guard or PeerGuard(self.limits.peer, "handshake"),
+            on_error,
+            write_buffer_bytes,
+            max_frame_bytes,  # the first request's size is checked as it comes
+        )
         # This connection's feeds and mounts (a queued Mount holds a place until it runs).
         self.feeds: set[object] = set()
         self._reads_in_flight = 0
@@ -112,15 +119,10 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._read_limited = False
         self._write_blocked = False
         self._budget_stopped = False
-        self._admitted = False  # holds a slot of the guard (from accept, before TLS)
-        self._accepted: asyncio.BaseTransport | None = None  # the TCP transport, TLS or not
-        self._ready = False  # a first request came after the hello
-        self.address = "?"
         # The client IDs this connection was given (allocations answered) and, with
-        # client certificates, the identity, the IDs it has proven, and the requests held
+        # client certificates, the IDs its identity has proven, and the requests held
         # (in order) while one is checked or allocated.
         self._bindings = bindings
-        self.identity: str | None = None
         self._proven: set[int] = set()
         self._allocations = 0
         self._held: collections.deque[ClientMessage] = collections.deque()
@@ -131,43 +133,32 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._access_seen: AccessPolicy | None = None
         self._allowed: dict[tuple[int, Access], bool] = {}
         self._partitions = partitions
-        self._max_frame_bytes = max_frame_bytes
         self._max_data_bytes = max_data_bytes
         self._on_close = on_close
-        self._on_error = on_error
-        self._transport: asyncio.Transport | None = None
         self._out: CorkedWriter | None = None  # the transport, written once a loop turn
-        self._hello = bytearray()
-        self._decoder: FrameDecoder | None = None
         self._mounted: dict[tuple[int, int], int] = {}  # (client, partition) -> connection seq
         self._pauses = 0  # reasons to stop taking requests
-        self._socket_paused = False
-        # Frames received but not yet dispatched: one socket read can hold hundreds of
-        # requests, and they wait here (the socket unread) while something says stop.
-        self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
         self._backlog_drain: asyncio.Handle | None = None
         self._writable = asyncio.Event()
         self._writable.set()
         self._tasks: set[asyncio.Task] = set()
-        self.closed = False
-        self.peer = "?"
         self.partitions_touched: set[int] = set()
 
     # --- what a partition needs --------------------------------------------------------
 
     def send(self, frame: bytes) -> None:
         """Sent with the other frames of this loop turn, in one system call."""
-        if self._out is not None and not self.closed:
+        if self._out is not None and not self._closed:
             self._out.write(frame)
 
     def send_parts(self, parts: list) -> None:
         """A frame as buffers written in turn: a range read's records are not copied."""
-        if self._out is not None and not self.closed:
+        if self._out is not None and not self._closed:
             self._out.writelines(parts)
 
     def pause_reading(self) -> None:
         self._pauses += 1
-        self._sync_socket()
+        self._update_reading()
 
     def resume_reading(self) -> None:
         self._pauses = max(0, self._pauses - 1)
@@ -175,20 +166,13 @@ class ClientConnectionHandler(asyncio.Protocol):
             # Not here: a partition resumes its connections while iterating over them,
             # and dispatching may pause one again.
             self._backlog_drain = asyncio.get_running_loop().call_soon(self._work_through_backlog)
-        self._sync_socket()
+        self._update_reading()
 
-    def _sync_socket(self) -> None:
-        """Read the socket only while nothing says stop and no received frame waits."""
-        if self._transport is None or self.closed:
-            return
-        stop = self._pauses > 0 or bool(self._backlog)
-        if stop and not self._socket_paused:
-            self._socket_paused = True
-            self._transport.pause_reading()
-        elif not stop and self._socket_paused:
-            self._socket_paused = False
-            self._transport.resume_reading()
-            self._frame.restart_clock()  # a frame's deadline counts while we read
+    def _holds_reading(self) -> bool:
+        return self._pauses > 0
+
+    def _holds_frames(self) -> bool:
+        return self._pauses > 0
 
     def _hold(self, reason: str, hold: bool) -> None:
         """Pause reading for one of this connection's own reasons (each counted once)."""
@@ -203,31 +187,12 @@ class ClientConnectionHandler(asyncio.Protocol):
     # --- what the daemon-wide guard needs ------------------------------------------------
 
     @property
-    def ready(self) -> bool:
-        return self._ready
-
-    @property
-    def partial(self) -> int:
-        return self._frame.partial
-
-    @property
-    def partial_since(self) -> float | None:
-        return self._frame.since
-
-    @property
     def reading_paused(self) -> bool:
+        """Held by a reason to stop taking requests (a frame's deadline waits meanwhile)."""
         return self._pauses > 0
 
     def over_budget(self, over: bool) -> None:
         self._hold("_budget_stopped", over)
-
-    def close_for(self, reason: str) -> None:
-        self._on_error("timeout")
-        peer_warnings.warning("closing client connection %s: %s", self.peer, reason)
-        transport = self._transport or self._accepted  # perhaps still in its TLS handshake
-        if transport is not None:
-            transport.abort()
-        self.closed = True
 
     @property
     def writable(self) -> bool:
@@ -245,49 +210,21 @@ class ClientConnectionHandler(asyncio.Protocol):
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
-    def accepted(self, transport: asyncio.BaseTransport) -> bool:
-        """The TCP connection is up (before any TLS handshake): take a slot, or refuse."""
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.address = str(peer[0]) if peer else "?"
-        refusal = self._guard.admit(self)
-        if refusal is not None:
-            self._on_error("connection_limit")
-            peer_warnings.warning("refusing client connection %s: %s", self.peer, refusal)
-            self.closed = True
-            return False
-        self._admitted = True
-        self._accepted = transport
-        return True
-
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self._admitted and not self.accepted(transport):
-            transport.abort()
-            return
-        self._transport = transport  # type: ignore[assignment]
-        self._out = CorkedWriter(transport)  # type: ignore[arg-type]
-        self.identity = peer_identity(transport)
-        transport.set_write_buffer_limits(high=self._write_buffer_bytes)  # type: ignore[attr-defined]
+        super().connection_made(transport)
+        if self._transport is not None:
+            self._out = CorkedWriter(self._transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._backlog.clear()
+        super().connection_lost(exc)
         if self._backlog_drain is not None:
             self._backlog_drain.cancel()
-        self._transport = None
-        self._accepted = None
         self._out = None
         self._writable.set()
         for task in self._tasks:
             task.cancel()
         if self._admitted:
-            self._guard.forget(self, self._frame.partial)
             self._on_close(self)
-        # The partial frame goes now, not when the cyclic collector finds this object (it
-        # and its FrameProgress refer to each other): frames read after 12 peers closed
-        # kept 168 MiB held for good.
-        self._decoder = None
-        self._hello = bytearray()
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -297,34 +234,14 @@ class ClientConnectionHandler(asyncio.Protocol):
         self._writable.set()
         self._hold("_write_blocked", False)
 
-    def eof_received(self) -> bool:
-        if self._decoder is not None and self._decoder.buffered:
-            self._reject(f"truncated frame: the stream ended after {self._decoder.buffered} bytes")
-        return False
-
-    def data_received(self, data: bytes) -> None:
-        if self.closed:
-            return
-        if self._decoder is None:
-            self._handshake(data)
-            return
-        try:
-            self._backlog.extend(self._decoder.feed(data))
-            self._frame.update(self._decoder.buffered)
-        except ProtocolError as e:
-            self._reject(f"{type(e).__name__}: {e}")
-            return
-        if not self._ready and not self._became_ready():
-            return
-        self._work_through_backlog()
-
-    def _became_ready(self) -> bool:
+    def _may_take_frames(self) -> bool:
         """Before its first request a connection is a stranger: it holds a slot others
         may take, and no more than ``first_frame_max_bytes`` of a frame (a first request,
         a Mount or a read, is tiny). False: it was closed."""
+        if self._ready:
+            return True
         if self._backlog:
-            self._ready = True
-            self._guard.ready(self)
+            self._become_ready()
             return True
         assert self._decoder is not None
         limit = self.limits.first_frame_max_bytes
@@ -336,54 +253,18 @@ class ClientConnectionHandler(asyncio.Protocol):
         return True
 
     def _work_through_backlog(self) -> None:
-        """Take the frames received, in order, until something says stop (reads or
-        replies in flight, a full partition queue); the rest wait, the socket unread."""
+        """Take the frames received until reads or replies in flight, or a full partition
+        queue, say stop."""
         self._backlog_drain = None
-        backlog = self._backlog
-        try:
-            while backlog and not self.closed and self._pauses == 0:
-                message_type, body = backlog.popleft()
-                self._admit(decode_client_request(message_type, body, self._max_data_bytes))
-        except ProtocolError as e:
-            self._reject(f"{type(e).__name__}: {e}")
-            return
-        self._sync_socket()
+        super()._work_through_backlog()
 
-    def _reject(self, reason: str) -> None:
-        peer_warnings.warning("closing client connection %s: %s", self.peer, reason)
-        self._on_error("malformed")
-        self.close()
+    def _take(self, message_type: int, body: bytes) -> None:
+        self._admit(decode_client_request(message_type, body, self._max_data_bytes))
 
     def close(self) -> None:
         if self._out is not None:
             self._out.flush()  # what was sent goes before the close
-        if self._transport is not None:
-            self._transport.close()
-        self.closed = True
-
-    def _handshake(self, data: bytes) -> None:
-        self._hello += data
-        if len(self._hello) < HANDSHAKE_BYTES:
-            return
-        assert self._transport is not None
-        try:
-            hello = Hello.decode(bytes(self._hello[:HANDSHAKE_BYTES]))
-        except ProtocolError as e:
-            self._reject(f"handshake: {e}")
-            return
-        reply = negotiate(hello, Service.SERVER, SERVER_PROTOCOL_VERSIONS)
-        self._transport.write(reply.encode())
-        if reply.status != HandshakeStatus.OK:
-            self._reject(
-                f"handshake {reply.status.name} ({hello.service.name} "
-                f"{hello.min_version}..{hello.max_version})"
-            )
-            return
-        self._decoder = FrameDecoder(self._max_frame_bytes)
-        rest = bytes(self._hello[HANDSHAKE_BYTES:])
-        self._hello = bytearray()
-        if rest:
-            self.data_received(rest)
+        super().close()
 
     # --- client identity ----------------------------------------------------------------
 
@@ -415,7 +296,7 @@ class ClientConnectionHandler(asyncio.Protocol):
 
     async def _prove_held(self) -> None:
         try:
-            while self._held and not self.closed:
+            while self._held and not self._closed:
                 message = self._held[0]
                 if isinstance(message, AllocateClientIdRequest):
                     self._held.popleft()
@@ -426,15 +307,11 @@ class ClientConnectionHandler(asyncio.Protocol):
                     client_id = message.req_id.client_id
                     why = await self._bindings.refusal(client_id, self.identity)
                     if why is not None:
-                        self._on_error("unauthorized")
+                        self._on_error(self.errors.unauthorized)
                         self._error(message.req_id, ErrorCode.UNAUTHORIZED, why)
-                        peer_warnings.warning(
-                            "closing client connection %s: identity %r may not use client "
-                            "ID %d: %s",
-                            self.peer,
-                            self.identity,
-                            client_id,
-                            why,
+                        self._warn(
+                            "closing",
+                            f"identity {self.identity!r} may not use client ID {client_id}: {why}",
                         )
                         self._held.clear()
                         self.close()
@@ -443,11 +320,7 @@ class ClientConnectionHandler(asyncio.Protocol):
                 self._held.popleft()
                 self._dispatch(message)
         except Exception as e:  # ZooKeeper unreachable: refuse rather than guess
-            peer_warnings.warning(
-                "closing client connection %s: cannot check its client ID: %s",
-                self.peer,
-                describe(e),
-            )
+            self._warn("closing", f"cannot check its client ID: {describe(e)}")
             self._held.clear()
             self.close()
             return

@@ -25,8 +25,10 @@ log = logging.getLogger(__name__)
 class ClientConnection(Protocol):
     """What a partition needs of a client connection (server.py implements it)."""
 
-    closed: bool
     feeds: set[object]  # its subscriptions (feeds and mounts), for its cap
+
+    @property
+    def closed(self) -> bool: ...
 
     def send(self, frame: bytes) -> None: ...
 

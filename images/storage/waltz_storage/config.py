@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from waltz_client.cluster.metadata import validate_storage_address
 from waltz_client.cluster.partition_ranges import parse_partition_ranges
 from waltz_client.cluster.paths import znode_root
-from waltz_client.runtime.peer_limits import peer_limit_settings
+from waltz_client.runtime.listener import address_settings
+from waltz_client.runtime.peer_limits import (
+    check_max_frame_bytes,
+    max_frame_setting,
+    peer_limit_settings,
+)
 from waltz_client.runtime.settings import (
     REQUIRED,
     ConfigError,
@@ -19,16 +24,23 @@ from waltz_client.runtime.settings import (
     SettingsSchema,
     boolean,
     float_in,
-    host_name,
     int_in,
-    log_level,
     optional_zookeeper_address,
     parse_uuid,
+    ready_file_and_log_settings,
     size_at_least,
     text,
-    writable_file_path,
 )
-from waltz_client.runtime.tls import TlsFiles, check_tls, parse_patterns, zk_tls_of, zk_tls_settings
+from waltz_client.runtime.tls import (
+    TlsFiles,
+    check_listener_tls,
+    check_tls,
+    listener_tls_of,
+    listener_tls_settings,
+    parse_patterns,
+    zk_tls_of,
+    zk_tls_settings,
+)
 
 ENV_PREFIX = "WALTZ_STORAGE_"
 __all__ = ["ConfigError", "StorageConfig", "build_parser", "load_config"]
@@ -63,16 +75,14 @@ SETTINGS = [
         "all",
         "partitions this node holds, e.g. 0-6,9 or all (without zookeeper)",
     ),
-    Setting("host", host_name, "0.0.0.0", "address to listen on"),
-    Setting("port", int_in(0, 65535), 55280, "protocol port (0: any free port)"),
-    Setting("http_port", int_in(0, 65535), 55281, "health and metrics port (0: any free port)"),
+    *address_settings(port=55280, http_port=55281, port_is="protocol port"),
     Setting(
         "segment_bytes",
         size_at_least(4096, 64 * 1024**3),
         "1GiB",
         "start a new segment past this size (at most 64GiB)",
     ),
-    Setting("max_frame_bytes", size_at_least(64 * 1024), "64MiB", "largest frame accepted"),
+    max_frame_setting(),
     Setting(
         "queue_max_requests",
         int_in(1, 10_000_000),
@@ -120,21 +130,7 @@ SETTINGS = [
     ),
     *peer_limit_settings(),
     *zk_tls_settings(),
-    Setting("tls_cert", str, "", "PEM certificate: serve the protocol port over TLS"),
-    Setting("tls_key", str, "", "PEM private key of tls_cert"),
-    Setting(
-        "http_tls",
-        boolean,
-        False,
-        "serve the HTTP port (metrics, probes) over HTTPS with tls_cert (no client cert asked)",
-    ),
-    Setting("tls_ca", str, "", "PEM CA bundle that servers' certificates must chain to"),
-    Setting(
-        "tls_verify_peer",
-        boolean,
-        True,
-        "require and verify a certificate from each peer (mutual TLS)",
-    ),
+    *listener_tls_settings(serves="the protocol port", peers="servers", peer="peer"),
     Setting(
         "tls_allowed_peers",
         parse_patterns,
@@ -142,8 +138,7 @@ SETTINGS = [
         "identities (certificate common names, shell patterns, comma-separated) a peer "
         "must have: the cluster's servers",
     ),
-    Setting("ready_file", writable_file_path, "", "write the bound ports here (JSON) once serving"),
-    Setting("log_level", log_level, "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    *ready_file_and_log_settings(),
 ]
 
 
@@ -191,9 +186,7 @@ class StorageConfig:
 
     @property
     def tls(self) -> TlsFiles:
-        return TlsFiles(
-            self.tls_cert or None, self.tls_key or None, self.tls_ca or None, self.tls_verify_peer
-        )
+        return listener_tls_of(self.tls_cert, self.tls_key, self.tls_ca, self.tls_verify_peer)
 
 
 SCHEMA = SettingsSchema(
@@ -234,13 +227,9 @@ def load_config(argv: list[str] | None, environ: Mapping[str, str]) -> StorageCo
         except ValueError as e:
             raise ConfigError(f"setting partitions (from {sources['partitions']}): {e}") from None
         values["partitions"] = frozenset(partitions)
-    if values["max_frame_bytes"] > 2**32 - 1:
-        raise ConfigError("setting max_frame_bytes: must fit the 32-bit frame length")
+    check_max_frame_bytes(values["max_frame_bytes"])
     config = StorageConfig(**values)
-    if config.tls.enabled:
-        check_tls(config.tls, "tls", listening=True)
-    elif config.http_tls:
-        raise ConfigError("setting http_tls: needs tls_cert and tls_key")
+    check_listener_tls(config.tls, config.http_tls)
     if config.zk_tls is not None:
         check_tls(config.zk_tls, "zk_tls", listening=False)
     return config

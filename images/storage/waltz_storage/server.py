@@ -16,7 +16,8 @@ cannot lock servers out; small frames until Open has checked the cluster key; a
 deadline for the TLS handshake, the hello and Open; a deadline for finishing a frame
 once it has started (slow-loris); a failed Open on an opened connection closes it. A
 queued read counts as the largest response it may produce, so unread replies cannot
-pile up.
+pile up. The slot, the hello, the frames and the closing, as every daemon's connections
+have them, are ``waltz_client.runtime.peer_connection``'s.
 """
 
 from __future__ import annotations
@@ -30,19 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz_client.runtime.listener import listen
-from waltz_client.runtime.peer_limits import FrameProgress, PeerGuard, PeerLimits
+from waltz_client.runtime.peer_connection import ErrorKinds, PeerConnection
+from waltz_client.runtime.peer_limits import PeerGuard, PeerLimits
 from waltz_client.runtime.peer_warnings import PeerWarnings
-from waltz_client.runtime.tls import TlsContexts, identity_allowed, peer_identity
-from waltz_client.wire.errors import ProtocolError
-from waltz_client.wire.framing import (
-    DEFAULT_MAX_FRAME_BYTES,
-    HANDSHAKE_BYTES,
-    FrameDecoder,
-    HandshakeStatus,
-    Hello,
-    Service,
-    negotiate,
-)
+from waltz_client.runtime.tls import TlsContexts, identity_allowed
+from waltz_client.wire.framing import DEFAULT_MAX_FRAME_BYTES, Service
 from waltz_client.wire.storage_messages import (
     DEFAULT_LIMITS,
     STORAGE_PROTOCOL_VERSIONS,
@@ -221,82 +214,57 @@ class NodeWorker:
         await self._io.stop()
 
 
-class StorageConnection(asyncio.Protocol):
+class StorageConnection(PeerConnection):
+    peer_warnings = peer_warnings
+    log_name = "connection from"
+    service = Service.STORAGE
+    protocol_versions = STORAGE_PROTOCOL_VERSIONS
+    errors = ErrorKinds(
+        refused="CONNECTION_LIMIT",
+        late="TIMEOUT",
+        bad_handshake="HANDSHAKE",
+        malformed=StorageError.MALFORMED_REQUEST.name,
+        unauthorized="UNAUTHORIZED",
+    )
+
     def __init__(self, server: StorageServer) -> None:
+        settings = server.settings
+        super().__init__(
+            server.guard,
+            lambda kind: server.node.metrics.errors.labels(kind).inc(),
+            settings.write_buffer_max_bytes,
+            settings.unopened_max_frame_bytes,  # until Open has checked the cluster key
+        )
         self._server = server
-        self._settings = server.settings
-        self._transport: asyncio.Transport | None = None
-        self._hello = bytearray()
-        self._decoder: FrameDecoder | None = None
-        self._opened = False
+        self._settings = settings
         self._queued_requests = 0
         self._queued_bytes = 0
         self._paused = False  # too much queued
         self._node_paused = False  # too much queued on the whole node
         self._write_blocked = False  # the peer is not reading its responses
         self._over_budget = False  # partial frames of all connections over the budget
-        self._reading_paused = False
-        # Frames received but not yet dispatched: one socket read can hold hundreds of
-        # requests, and they wait here (the socket unread) while something says stop.
-        self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
-        self._frame = FrameProgress(server.guard, self)
-        self.connected_at = time.monotonic()  # accepted (the listener makes us then)
-        self.peer = "?"
-        self.address = "?"
-        self._counted = False  # holds a slot of the guard
-        self._accepted: asyncio.BaseTransport | None = None  # the TCP transport, TLS or not
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def accepted(self, transport: asyncio.BaseTransport) -> bool:
-        """The TCP connection is up (before any TLS handshake): take a slot, or refuse."""
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.address = str(peer[0]) if peer else "?"
-        server = self._server
-        refusal = server.guard.admit(self)
-        if refusal is not None:
-            server.node.metrics.errors.labels("CONNECTION_LIMIT").inc()
-            peer_warnings.warning("refusing connection from %s: %s", self.peer, refusal)
+        if not super().accepted(transport):
             return False
-        self._counted = True
-        self._accepted = transport
-        server.node.metrics.connections.inc()
+        self._server.node.metrics.connections.inc()
         return True
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self._counted and not self.accepted(transport):
-            transport.abort()
-            return
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        server = self._server
-        if self._settings.tls is not None and self._settings.tls.files.verify_peer:
-            identity = peer_identity(transport)
-            if not identity_allowed(identity, self._settings.allowed_peers):
-                server.node.metrics.errors.labels("UNAUTHORIZED").inc()
-                peer_warnings.warning(
-                    "refusing connection from %s: certificate identity %r is not one of "
-                    "tls_allowed_peers (%s)",
-                    self.peer,
-                    identity,
-                    ",".join(self._settings.allowed_peers),
-                )
-                transport.abort()
-                return
-        # Above this many unsent bytes, pause_writing() stops reading requests.
-        transport.set_write_buffer_limits(high=self._settings.write_buffer_max_bytes)  # type: ignore[attr-defined]
+    def _identity_refusal(self) -> str | None:
+        """With mutual TLS, only the identities of tls_allowed_peers (the servers)."""
+        tls, allowed = self._settings.tls, self._settings.allowed_peers
+        if tls is None or not tls.files.verify_peer or identity_allowed(self.identity, allowed):
+            return None
+        return (
+            f"certificate identity {self.identity!r} is not one of tls_allowed_peers "
+            f"({','.join(allowed)})"
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        self._accepted = None
-        self._backlog.clear()
+        super().connection_lost(exc)
         self._server.waiting.pop(self, None)
-        if self._counted:
-            self._server.guard.forget(self, self._frame.partial)
-        # The partial frame goes now, not when the cyclic collector finds this object
-        # (it and its FrameProgress refer to each other).
-        self._decoder = None
-        self._hello = bytearray()
 
     def pause_writing(self) -> None:
         self._write_blocked = True
@@ -306,153 +274,39 @@ class StorageConnection(asyncio.Protocol):
         self._write_blocked = False
         self._work_through_backlog()
 
-    def _update_reading(self) -> None:
-        """Read the socket only while nothing says stop."""
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        stop = (
-            self._paused
-            or self._node_paused
-            or self._write_blocked
-            or self._over_budget
-            or bool(self._backlog)
-        )
-        if stop and not self._reading_paused:
-            self._reading_paused = True
-            transport.pause_reading()
-        elif not stop and self._reading_paused:
-            self._reading_paused = False
-            transport.resume_reading()
-            self._frame.restart_clock()  # a frame's deadline counts while we read
-
     def over_budget(self, over: bool) -> None:
         self._over_budget = over
         self._update_reading()
 
-    @property
-    def ready(self) -> bool:
-        return self._opened
+    def _holds_reading(self) -> bool:
+        return self._paused or self._node_paused or self._write_blocked or self._over_budget
 
-    @property
-    def partial(self) -> int:
-        return self._frame.partial
+    def _holds_frames(self) -> bool:
+        """Too much queued, or replies unread (partial frames over the budget only stop
+        the socket being read)."""
+        return self._paused or self._node_paused or self._write_blocked
 
-    @property
-    def partial_since(self) -> float | None:
-        return self._frame.since
+    # --- dispatch, responses ------------------------------------------------------------
 
-    @property
-    def reading_paused(self) -> bool:
-        return self._reading_paused
-
-    @property
-    def closed(self) -> bool:
-        return self._transport is None
-
-    def close_for(self, reason: str) -> None:
-        """Drop a connection that broke a deadline or gave its slot up (perhaps still in
-        its TLS handshake)."""
-        self._server.node.metrics.errors.labels("TIMEOUT").inc()
-        peer_warnings.warning("closing connection from %s: %s", self.peer, reason)
-        transport = self._transport or self._accepted
-        if transport is not None:
-            transport.abort()
-
-    def eof_received(self) -> bool:
-        """The peer finished sending: a partial frame left in the buffer is a malformed one."""
-        if self._decoder is not None and self._decoder.buffered:
-            self._reject(
-                f"MalformedFrame: truncated frame: the stream ended inside it "
-                f"after {self._decoder.buffered} bytes"
-            )
-        return False  # close our side too
-
-    def data_received(self, data: bytes) -> None:
-        if self._decoder is None:
-            self._handshake(data)
-            return
-        try:
-            self._backlog.extend(self._decoder.feed(data))
-            self._frame.update(self._decoder.buffered)
-        except ProtocolError as e:
-            self._reject(f"{type(e).__name__}: {e}")
-            return
-        self._work_through_backlog()
-
-    def _work_through_backlog(self) -> None:
-        """Dispatch the frames received, in order, until something says stop (too much
-        queued, replies unread); the rest wait, and the socket is not read meanwhile."""
-        backlog = self._backlog
-        try:
-            while backlog and self._transport is not None:
-                if self._paused or self._node_paused or self._write_blocked:
-                    break
-                message_type, body = backlog.popleft()
-                request = decode_request(message_type, body, self._settings.limits)
-                self._dispatch(request, len(body) + 5)
-        except ProtocolError as e:
-            self._reject(f"{type(e).__name__}: {e}")
-            return
-        self._update_reading()
-
-    # --- handshake, dispatch, responses -------------------------------------------------
-
-    def _handshake(self, data: bytes) -> None:
-        self._hello += data
-        if len(self._hello) < HANDSHAKE_BYTES:
-            return
-        try:
-            hello = Hello.decode(bytes(self._hello[:HANDSHAKE_BYTES]))
-        except ProtocolError as e:
-            self._server.node.metrics.errors.labels("HANDSHAKE").inc()
-            peer_warnings.warning("closing connection from %s: %s", self.peer, e)
-            assert self._transport is not None
-            self._transport.close()
-            return
-        reply = negotiate(hello, Service.STORAGE, STORAGE_PROTOCOL_VERSIONS)
-        assert self._transport is not None
-        self._transport.write(reply.encode())
-        if reply.status != HandshakeStatus.OK:
-            self._server.node.metrics.errors.labels("HANDSHAKE").inc()
-            peer_warnings.warning(
-                "closing connection from %s: handshake %s (client speaks %s %d..%d)",
-                self.peer,
-                reply.status.name,
-                hello.service.name,
-                hello.min_version,
-                hello.max_version,
-            )
-            self._transport.close()
-            return
-        # Until Open has checked the cluster key, frames stay small.
-        self._decoder = FrameDecoder(self._settings.unopened_max_frame_bytes)
-        rest = bytes(self._hello[HANDSHAKE_BYTES:])
-        self._hello = bytearray()
-        if rest:
-            self.data_received(rest)
+    def _take(self, message_type: int, body: bytes) -> None:
+        self._dispatch(decode_request(message_type, body, self._settings.limits), len(body) + 5)
 
     def _dispatch(self, request: StorageMessage, size: int) -> None:
         self._server.count_request(type(request))
         if isinstance(request, OpenRequest):
             response = self._server.node.check_open(request)
             failed = isinstance(response, FailureResponse)
-            if not self._opened and not failed:
-                self._opened = True
-                self._server.guard.ready(self)  # its slot is its own from now on
+            if not self._ready and not failed:
+                self._become_ready()
                 assert self._decoder is not None
                 self._decoder.max_frame_bytes = self._settings.max_frame_bytes
             self._send(response)
-            if failed and self._opened:
+            if failed and self._ready:
                 # Opened once, then an Open that fails: not the peer it was; say why, close.
-                peer_warnings.warning(
-                    "closing connection from %s: a second Open failed (%s)",
-                    self.peer,
-                    response.error.name,
-                )
-                self._close_after_send()
+                self._warn("closing", f"a second Open failed ({response.error.name})")
+                self.close()
             return
-        if not self._opened:
+        if not self._ready:
             self._send_failure(
                 request,
                 StorageError.NOT_OPEN,
@@ -517,24 +371,13 @@ class StorageConnection(asyncio.Protocol):
             self._transport.write(response.encode())
 
     def _send_failure(self, request: StorageMessage, error: StorageError, message: str) -> None:
-        self._server.node.metrics.errors.labels(error.name).inc()
+        self._on_error(error.name)
         self._send(
             FailureResponse(request.session_id, request.seq, request.partition_id, error, message)
         )
 
-    def _close_after_send(self) -> None:
-        """Close once what was written has gone, and read nothing more meanwhile."""
-        if self._transport is not None:
-            self._transport.close()
-        self._decoder = FrameDecoder(self._settings.max_frame_bytes)  # drop buffered input
-        self._backlog.clear()
-
-    def _reject(self, reason: str) -> None:
-        """A malformed frame: say why, then close this connection only."""
-        self._server.node.metrics.errors.labels(StorageError.MALFORMED_REQUEST.name).inc()
-        peer_warnings.warning("closing connection from %s: %s", self.peer, reason)
+    def _tell_malformed(self, reason: str) -> None:
         self._send(FailureResponse(-1, -1, -1, StorageError.MALFORMED_REQUEST, reason))
-        self._close_after_send()
 
 
 class StorageServer:
@@ -623,9 +466,7 @@ class StorageServer:
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            transport = conn._transport or conn._accepted  # perhaps still in its TLS handshake
-            if transport is not None:
-                transport.close()
+            conn.hang_up()
         if self._worker is not None:
             await self._worker.close()
         if self._server is not None:
