@@ -43,7 +43,7 @@ REVISION_LABEL = "controller-revision-hash"
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Ready":
-            return condition.get("status") == "True"
+            return bool(condition.get("status") == "True")
     return False
 
 

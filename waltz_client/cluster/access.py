@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import fnmatch
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .metadata import MetadataError
@@ -127,7 +127,9 @@ class AccessPolicy:
             {p: r for p, r in self.partitions.items() if p not in targets},
         )
 
-    def _changed(self, targets: Iterable[int | None], change) -> AccessPolicy:
+    def _changed(
+        self, targets: Iterable[int | None], change: Callable[[PartitionRule], PartitionRule]
+    ) -> AccessPolicy:
         default, partitions = self.default, dict(self.partitions)
         for target in targets:
             if target is None:

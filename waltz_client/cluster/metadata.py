@@ -12,13 +12,15 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 CODEC_VERSION = 1
 # The closing high-water mark of a session still running or not yet resolved by recovery.
 # Not -1: a session can close having committed nothing, and "resolved to -1" must differ.
 UNRESOLVED = -2
 NO_SESSION = -1
+
+_T = TypeVar("_T")
 
 
 class MetadataError(ValueError):
@@ -49,7 +51,9 @@ def _load(kind: str, data: bytes) -> dict[str, Any]:
     return doc
 
 
-def _field(kind: str, doc: dict[str, Any], name: str, typ: type, *, minimum: int | None = None):
+def _field(
+    kind: str, doc: dict[str, Any], name: str, typ: type[_T], *, minimum: int | None = None
+) -> _T:
     if name not in doc:
         raise MetadataError(f"{kind}: missing field {name!r}")
     value = doc[name]
@@ -59,7 +63,8 @@ def _field(kind: str, doc: dict[str, Any], name: str, typ: type, *, minimum: int
         raise MetadataError(f"{kind}: field {name!r} must be {typ.__name__}, got {value!r}")
     if minimum is not None and value < minimum:
         raise MetadataError(f"{kind}: field {name!r} must be >= {minimum}, got {value}")
-    return value
+    checked: _T = value  # a typ, as checked above
+    return checked
 
 
 def _string_list(kind: str, doc: dict[str, Any], name: str) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .metadata import MetadataError
 
@@ -164,7 +165,7 @@ class RetentionPolicy:
         return cls(default, partitions, floors)
 
 
-def _object(value: object, where: str) -> dict:
+def _object(value: object, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise MetadataError(f"{where}: expected an object")
     return value

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from typing import Any
 
 from .errors import MalformedMessage
 
@@ -25,7 +26,7 @@ class Reader:
 
     __slots__ = ("_buf", "_end", "pos")
 
-    def __init__(self, buf: bytes | memoryview, pos: int = 0) -> None:
+    def __init__(self, buf: bytes | bytearray | memoryview, pos: int = 0) -> None:
         self._buf = buf
         self._end = len(buf)
         self.pos = pos
@@ -43,11 +44,12 @@ class Reader:
         self.pos = start + n
         return start
 
-    def _unpack(self, st: struct.Struct, what: str):
+    def _unpack(self, st: struct.Struct, what: str) -> int:
         start = self._take(st.size, what)
-        return st.unpack_from(self._buf, start)[0]
+        value: int = st.unpack_from(self._buf, start)[0]
+        return value
 
-    def peek(self, st: struct.Struct) -> tuple | None:
+    def peek(self, st: struct.Struct) -> tuple[Any, ...] | None:
         """All of ``st``'s fields at the cursor in one unpack, without moving it; None if
         fewer bytes are left. A fast path for a fixed run of fields: the caller moves on
         with ``skip``, or reads field by field, whose errors name the field."""

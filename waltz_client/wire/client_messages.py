@@ -14,7 +14,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from .buffers import Reader, pack_string
 from .errors import ChecksumMismatch, MalformedMessage, UnknownMessageType
@@ -102,12 +102,12 @@ class ClientMessage:
     def encode(self) -> bytes:
         return encode_frame(self.TYPE, self.req_id.encode() + self._body())
 
-    def encode_parts(self) -> list:
+    def encode_parts(self) -> list[bytes | memoryview]:
         """The frame as buffers to write in turn (``transport.writelines``)."""
         return [self.encode()]
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> ClientMessage:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         return cls(req_id)
 
 
@@ -127,7 +127,7 @@ class MountRequest(ClientMessage):
         return _I64.pack(self.client_high_water_mark) + _I32.pack(self.connection_seq)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         hwm = _high_water_mark(r, "Mount.client_high_water_mark")
         return cls(req_id, hwm, r.i32("Mount.connection_seq"))
 
@@ -216,7 +216,7 @@ class AppendRequest(ClientMessage):
         )
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         plain = r.peek(_APPEND_WITHOUT_LOCKS)
         if plain is not None:
             hwm, n_write, n_read, n_append, header, length = plain
@@ -236,7 +236,17 @@ class AppendRequest(ClientMessage):
         return cls._data(r, req_id, hwm, write, read, append, header, length)
 
     @classmethod
-    def _data(cls, r, req_id, hwm, write, read, append, header, length):
+    def _data(
+        cls,
+        r: Reader,
+        req_id: ReqId,
+        hwm: int,
+        write: tuple[int, ...],
+        read: tuple[int, ...],
+        append: tuple[int, ...],
+        header: int,
+        length: int,
+    ) -> Self:
         """The rest of an Append, from its data: the data and its checked CRC."""
         data = r.raw(length, "Append.data")
         checksum = r.u32("Append.checksum")
@@ -259,7 +269,7 @@ class FeedRequest(ClientMessage):
         return _I64.pack(self.client_high_water_mark)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         return cls(req_id, _high_water_mark(r, "Feed.client_high_water_mark"))
 
 
@@ -272,7 +282,7 @@ class TransactionDataRequest(ClientMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         return cls(req_id, r.i64("TransactionData.transaction_id"))
 
 
@@ -300,7 +310,7 @@ class ReadRangeRequest(ClientMessage):
         return struct.pack(">qii", self.from_transaction_id, self.max_records, self.max_bytes)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         start = r.i64("ReadRange.from_transaction_id")
         count = r.i32("ReadRange.max_records")
         size = r.i32("ReadRange.max_bytes")
@@ -337,7 +347,7 @@ class MountResponse(ClientMessage):
         return _U8.pack(self.status)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         code = r.u8("MountResponse.status")
         try:
             return cls(req_id, MountStatus(code))
@@ -357,7 +367,7 @@ class FeedData(ClientMessage):
         return _I32.pack(len(self.headers)) + b"".join(h.encode() for h in self.headers)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         return cls(req_id, _headers(_feed_rows(r)))
 
 
@@ -383,7 +393,7 @@ class FeedRows(ClientMessage):
         return _headers(self.rows)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         return cls(req_id, tuple(_feed_rows(r)))
 
 
@@ -417,7 +427,7 @@ class FeedSuspended(ClientMessage):
         return pack_string(self.reason, MAX_ERROR_MESSAGE_BYTES)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         return cls(req_id, r.string("FeedSuspended.reason", MAX_ERROR_MESSAGE_BYTES))
 
 
@@ -444,7 +454,7 @@ class TransactionDataResponse(ClientMessage):
         )
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         txid = r.i64("TransactionDataResponse.transaction_id")
         if not r.bool("TransactionDataResponse.success"):
             return cls(req_id, txid, None, r.string("TransactionDataResponse.error", 4096))
@@ -473,7 +483,7 @@ class FlushResponse(ClientMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         return cls(req_id, r.i64("FlushResponse.transaction_id"))
 
 
@@ -489,7 +499,7 @@ class LockFailure(ClientMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         return cls(req_id, r.i64("LockFailure.transaction_id"))
 
 
@@ -502,7 +512,7 @@ class HighWaterMarkResponse(ClientMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         return cls(req_id, r.i64("HighWaterMarkResponse.transaction_id"))
 
 
@@ -519,12 +529,12 @@ class ReadRangeResponse(ClientMessage):
     def _body(self) -> bytes:
         return _I64.pack(self.high_water_mark) + _I32.pack(len(self.records)) + self.records.buf
 
-    def encode_parts(self) -> list:
+    def encode_parts(self) -> list[bytes | memoryview]:
         head = self.req_id.encode() + _I64.pack(self.high_water_mark)
         return frame_parts(self.TYPE, head + _I32.pack(len(self.records)), self.records.buf)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         hwm = r.i64("ReadRangeResponse.high_water_mark")
         n = r.count("ReadRangeResponse.count", 1_000_000)
         return cls(req_id, hwm, RecordBatch.read(r, n, max_data_bytes))
@@ -551,7 +561,7 @@ class ErrorResponse(ClientMessage):
         return _U8.pack(self.code) + pack_string(self.message, MAX_ERROR_MESSAGE_BYTES)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         code = r.u8("ErrorResponse.code")
         try:
             error = ErrorCode(code)
@@ -571,7 +581,7 @@ class ClientIdAllocated(ClientMessage):
         return _I32.pack(self.client_id)
 
     @classmethod
-    def _read_body(cls, r, req_id, max_data_bytes):
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
         client_id = r.i32("ClientIdAllocated.client_id")
         if client_id < 0:
             raise MalformedMessage(f"ClientIdAllocated.client_id {client_id} is negative")
@@ -612,7 +622,7 @@ def _decode(
     table: dict[int, type[ClientMessage]],
     direction: str,
     message_type: int,
-    body: bytes,
+    body: bytes | bytearray | memoryview,
     max_data_bytes: int,
     check_records: bool = True,
     feed_rows: bool = False,
@@ -632,14 +642,16 @@ def _decode(
 
 
 def decode_client_request(
-    message_type: int, body: bytes, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
+    message_type: int,
+    body: bytes | bytearray | memoryview,
+    max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
 ) -> ClientMessage:
     return _decode(CLIENT_REQUESTS, "request", message_type, body, max_data_bytes)
 
 
 def decode_server_response(
     message_type: int,
-    body: bytes,
+    body: bytes | bytearray | memoryview,
     max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
     *,
     check_records: bool = True,

@@ -22,7 +22,7 @@ class CorkedWriter:
     def __init__(self, transport: asyncio.WriteTransport) -> None:
         self._transport = transport
         self._loop = asyncio.get_running_loop()
-        self._parts: list | None = None
+        self._parts: list[bytes | bytearray | memoryview] | None = None
 
     def write(self, frame: bytes | bytearray | memoryview) -> None:
         parts = self._parts

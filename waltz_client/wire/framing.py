@@ -51,7 +51,9 @@ def encode_frame(message_type: int, body: bytes | bytearray | memoryview) -> byt
     return FRAME_HEADER.pack(len(body) + 1, message_type) + body
 
 
-def frame_parts(message_type: int, head: bytes, payload: bytes | memoryview) -> list:
+def frame_parts(
+    message_type: int, head: bytes, payload: bytes | memoryview
+) -> list[bytes | memoryview]:
     """A frame whose body is ``head`` then ``payload``, as buffers to write in turn: a
     large payload (records read from disk) goes to the socket without being copied."""
     return [FRAME_HEADER.pack(len(head) + len(payload) + 1, message_type) + head, payload]

@@ -9,14 +9,46 @@ and, after the compiled one found a record wrong, again to say precisely what.
 from __future__ import annotations
 
 import os
-from types import ModuleType
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+
+class NativeLoops(Protocol):
+    """The compiled module's functions (their signatures: ``_native.pyi``)."""
+
+    CLMUL: int
+
+    def crc32(self, data: ReadableBuffer, value: int = 0, /) -> int: ...
+    def crc32_tables(self, data: ReadableBuffer, value: int = 0, /) -> int: ...
+    def scan_wire(
+        self, buf: ReadableBuffer, count: int, max_data_bytes: int, /
+    ) -> list[tuple[int, int, int]] | None: ...
+    def wire_to_disk(
+        self,
+        buf: ReadableBuffer,
+        spans: list[tuple[int, int, int]],
+        start: int,
+        stop: int,
+        out: bytearray,
+        /,
+    ) -> list[int]: ...
+    def disk_to_wire(
+        self, buf: ReadableBuffer, first_txid: int, ends: Iterable[int], /
+    ) -> tuple[bytes, list[tuple[int, int, int]]] | None: ...
+    def first_gap(self, spans: list[tuple[int, int, int]], expected: int, /) -> int: ...
+    def scan_disk(
+        self, buf: ReadableBuffer, start: int, expected_txid: int, base: int, /
+    ) -> tuple[int, int, bytes]: ...
 
 
 def _pure_python_asked() -> bool:
     return os.environ.get("WALTZ_PURE_PYTHON", "").lower() in ("1", "true", "yes")
 
 
-def _load() -> ModuleType | None:
+def _load() -> NativeLoops | None:
     if _pure_python_asked():
         return None
     try:

@@ -186,9 +186,9 @@ class RecordBatch:
         """Validate ``count`` records at the reader's cursor and keep their bytes."""
         buf = bytes(r.rest())
         if native is not None:
-            spans = native.scan_wire(buf, count, max_data_bytes)
-            if spans is not None:
-                return cls(buf, spans)
+            checked = native.scan_wire(buf, count, max_data_bytes)
+            if checked is not None:
+                return cls(buf, checked)
         # The hot loop of every append and read where the compiled one is missing, and
         # what names the problem where it found one: locals, and only the fields it checks.
         mv = memoryview(buf)
@@ -260,7 +260,8 @@ class UncheckedRecords:
         """The first record's transaction ID as it claims (None: no record, or too short)."""
         if not self.count or len(self.buf) < 8:
             return None
-        return _TXID.unpack_from(self.buf)[0]
+        txid: int = _TXID.unpack_from(self.buf)[0]
+        return txid
 
     @property
     def last_txid(self) -> int | None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from .client_messages import SERVER_PROTOCOL_VERSIONS, ClientMessage, decode_server_response
 from .errors import HandshakeError
@@ -58,8 +59,12 @@ class ServerConnection:
         self._out: list[bytes] = []
         # The handshake is done and the server sends nothing unasked: from here the
         # socket reads go straight into frame buffers.
+        # (typeshed types a stream's transport as a WriteTransport; it reads too.)
         self._protocol = FrameProtocol(
-            writer.transport, self._on_frame, self._on_closed, max_frame_bytes
+            cast(asyncio.Transport, writer.transport),
+            self._on_frame,
+            self._on_closed,
+            max_frame_bytes,
         )
 
     @classmethod

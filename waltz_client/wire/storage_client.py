@@ -13,7 +13,8 @@ import itertools
 import logging
 import struct
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 from .corked import CorkedWriter
 from .errors import HandshakeError, ProtocolError
@@ -107,8 +108,12 @@ class StorageClient:
         self._closed: BaseException | None = None
         # The handshake is done and the node sends nothing unasked: from here the socket
         # reads go straight into frame buffers.
+        # (typeshed types a stream's transport as a WriteTransport; it reads too.)
         self._protocol = FrameProtocol(
-            writer.transport, self._on_frame, self._on_closed, max_frame_bytes
+            cast(asyncio.Transport, writer.transport),
+            self._on_frame,
+            self._on_closed,
+            max_frame_bytes,
         )
 
     @classmethod
@@ -207,17 +212,21 @@ class StorageClient:
         Raises StorageConnectionClosed (a ConnectionError) if the connection is gone."""
         return self.submit_parts(seq, [frame])
 
-    def submit_parts(self, seq: int, parts: list) -> asyncio.Future[StorageMessage]:
+    def submit_parts(
+        self, seq: int, parts: Sequence[bytes | bytearray | memoryview]
+    ) -> asyncio.Future[StorageMessage]:
         """``submit_frame`` for a frame given as buffers written in turn (``frame_parts``)."""
         self._write(parts)
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[StorageMessage] = asyncio.get_running_loop().create_future()
         # A request whose caller gave up (a timeout, a session that ended) still fails when
         # the connection closes: retrieve that, or asyncio logs it as never retrieved.
         future.add_done_callback(_retrieve)
         self._pending[seq] = future
         return future
 
-    def send_parts(self, seq: int, parts: list, on_answer: OnAnswer) -> None:
+    def send_parts(
+        self, seq: int, parts: Sequence[bytes | bytearray | memoryview], on_answer: OnAnswer
+    ) -> None:
         """``submit_parts`` answered through ``on_answer`` (see ``OnAnswer``), called as
         the response's frame is read: no future and no turn of the loop between the two.
         A store session sends each batch this way to every member, so the batch commits
@@ -226,7 +235,7 @@ class StorageClient:
         self._write(parts)
         self._pending[seq] = on_answer
 
-    def _write(self, parts: list) -> None:
+    def _write(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         if self._closed is not None or self._writer.is_closing():
             raise StorageConnectionClosed(f"storage connection is closed: {self._closed}")
         try:
@@ -357,6 +366,6 @@ class StorageClient:
         return r.records
 
 
-def _retrieve(future: asyncio.Future) -> None:
+def _retrieve(future: asyncio.Future[StorageMessage]) -> None:
     if not future.cancelled():
         future.exception()

@@ -14,7 +14,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from .buffers import Reader, pack_string
 from .errors import MalformedMessage, UnknownMessageType
@@ -105,12 +105,12 @@ class StorageMessage:
         head = MESSAGE_HEADER.pack(self.session_id, self.seq, self.partition_id)
         return encode_frame(self.TYPE, head + self._body())
 
-    def encode_parts(self) -> list:
+    def encode_parts(self) -> list[bytes | memoryview]:
         """The frame as buffers to write in turn (``transport.writelines``)."""
         return [self.encode()]
 
     @classmethod
-    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> StorageMessage:
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(*head)
 
 
@@ -127,7 +127,7 @@ class OpenRequest(StorageMessage):
         return self.cluster_key.bytes + _I32.pack(self.num_partitions)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(*head, r.uuid("Open.cluster_key"), r.i32("Open.num_partitions"))
 
 
@@ -152,7 +152,7 @@ class TruncateRequest(StorageMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(*head, r.i64("Truncate.transaction_id"))
 
 
@@ -165,7 +165,7 @@ class SetLowWaterMarkRequest(StorageMessage):
         return _I64.pack(self.low_water_mark)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(*head, r.i64("SetLowWaterMark.low_water_mark"))
 
 
@@ -188,7 +188,7 @@ class SetLogStartRequest(StorageMessage):
         return _I64.pack(self.log_start)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(*head, r.i64("SetLogStart.log_start"))
 
 
@@ -201,7 +201,7 @@ class AppendRequest(StorageMessage):
         return _I32.pack(len(self.records)) + self.records.buf
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         n = r.count("Append.record count", limits.max_list_records)
         return cls(*head, RecordBatch.read(r, n, limits.max_data_bytes))
 
@@ -216,7 +216,7 @@ class _ReadOneRequest(StorageMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(*head, r.i64(f"{cls.__name__}.transaction_id"))
 
 
@@ -241,7 +241,7 @@ class _ReadListRequest(StorageMessage):
         return _I64.pack(self.transaction_id) + _I32.pack(self.max_records)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         txid = r.i64(f"{cls.__name__}.transaction_id")
         return cls(*head, txid, r.count(f"{cls.__name__}.max_records", 2**31 - 1))
 
@@ -274,7 +274,7 @@ class FailureResponse(StorageMessage):
         return _U16.pack(self.error) + pack_string(self.message, MAX_ERROR_MESSAGE_BYTES)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         code = r.u16("Failure.error")
         try:
             error = StorageError(code)
@@ -300,7 +300,7 @@ class LastSessionInfoResponse(StorageMessage):
         )
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(
             *head,
             r.i64("LastSessionInfo.last_session_id"),
@@ -318,7 +318,7 @@ class MaxTransactionIdResponse(StorageMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(*head, r.i64("MaxTransactionId.transaction_id"))
 
 
@@ -332,7 +332,7 @@ class RecordHeaderResponse(StorageMessage):
         return self.record_header.encode()
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(*head, RecordHeader.read(r))
 
 
@@ -346,7 +346,7 @@ class RecordResponse(StorageMessage):
         return self.record.encode()
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         return cls(*head, Record.read(r, limits.max_data_bytes))
 
 
@@ -387,7 +387,7 @@ class LogInfoResponse(StorageMessage):
         )
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         log_start = r.i64("LogInfo.log_start")
         max_txid = r.i64("LogInfo.max_transaction_id")
         n = r.count("LogInfo.segments", MAX_SEGMENTS_LISTED)
@@ -412,7 +412,7 @@ class RecordHeaderListResponse(StorageMessage):
         return _I32.pack(len(self.headers)) + b"".join(h.encode() for h in self.headers)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         n = r.count("RecordHeaderList.count", limits.max_list_records)
         return cls(*head, tuple(RecordHeader.read(r) for _ in range(n)))
 
@@ -425,23 +425,27 @@ class RecordListResponse(StorageMessage):
     def _body(self) -> bytes:
         return _I32.pack(len(self.records)) + self.records.buf
 
-    def encode_parts(self) -> list:
+    def encode_parts(self) -> list[bytes | memoryview]:
         head = MESSAGE_HEADER.pack(self.session_id, self.seq, self.partition_id)
         return frame_parts(self.TYPE, head + _I32.pack(len(self.records)), self.records.buf)
 
     @classmethod
-    def _read_body(cls, r, head, limits):
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         n = r.count("RecordList.count", limits.max_list_records)
         return cls(*head, RecordBatch.read(r, n, limits.max_data_bytes))
 
 
-def decode_unchecked_record_list(body: bytes, limits: Limits = DEFAULT_LIMITS) -> StorageMessage:
+def decode_unchecked_record_list(
+    body: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS
+) -> StorageMessage:
     """A Record List response with its records counted but not walked or checked
     (``UncheckedRecords``), for a relay whose receiver checks them; any other response
     decodes as usual."""
     r = Reader(body)
     head = (r.i64("session id"), r.i64("sequence number"), r.i32("partition id"))
     n = r.count("RecordList.count", limits.max_list_records)
+    # The field is typed RecordBatch for every other reader; only the relay that asked
+    # for this response (StorageClient.records_unchecked) sees it hold UncheckedRecords.
     return RecordListResponse(*head, UncheckedRecords(r.rest(), n))  # type: ignore[arg-type]
 
 
@@ -482,7 +486,7 @@ def _decode(
     table: dict[int, type[StorageMessage]],
     direction: str,
     message_type: int,
-    body: bytes,
+    body: bytes | bytearray | memoryview,
     limits: Limits,
 ) -> StorageMessage:
     cls = table.get(message_type)
@@ -500,12 +504,12 @@ def _decode(
 
 
 def decode_request(
-    message_type: int, body: bytes, limits: Limits = DEFAULT_LIMITS
+    message_type: int, body: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS
 ) -> StorageMessage:
     return _decode(STORAGE_REQUESTS, "request", message_type, body, limits)
 
 
 def decode_response(
-    message_type: int, body: bytes, limits: Limits = DEFAULT_LIMITS
+    message_type: int, body: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS
 ) -> StorageMessage:
     return _decode(STORAGE_RESPONSES, "response", message_type, body, limits)

@@ -9,6 +9,7 @@ Pure: no I/O, no clocks.
 
 from __future__ import annotations
 
+import builtins  # FeedCache.bytes (a property) hides the type in its class's annotations
 from collections import OrderedDict
 
 from waltz_client.wire.records import RECORD_HEADER
@@ -54,7 +55,7 @@ class FeedCache:
         self._entries = []
         self._base = high_water_mark + 1
 
-    def add(self, transaction_id: int, packed_header: bytes) -> None:
+    def add(self, transaction_id: int, packed_header: builtins.bytes) -> None:
         if transaction_id != self.last + 1:
             raise ValueError(
                 f"feed cache expects transaction {self.last + 1}, got {transaction_id}"
@@ -65,7 +66,7 @@ class FeedCache:
             del self._entries[:drop]
             self._base += drop
 
-    def get(self, start: int, stop: int) -> list[bytes] | None:
+    def get(self, start: int, stop: int) -> list[builtins.bytes] | None:
         """Packed headers for ``start..stop`` (inclusive), or None unless all are cached."""
         if start < self._base or stop > self.last or start > stop:
             return None

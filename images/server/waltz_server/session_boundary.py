@@ -35,7 +35,7 @@ def checkpoint_reached(high_water_mark: int, start_high_water_mark: int, interva
 def rejoin_backoff(probe_interval: float, attempts: int) -> float:
     """Seconds before a replica that answered ``attempts`` times without staying in a
     session is probed again: doubling from the probe interval, capped."""
-    return min(MAX_REJOIN_BACKOFF, probe_interval * 2**attempts)
+    return min(MAX_REJOIN_BACKOFF, probe_interval * float(2**attempts))
 
 
 class RejoinProbes:
