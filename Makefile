@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml setup.py waltz_client/wire/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,local,operator,spark,postgres]'
+	$(PY) -m pip install --quiet -e '.[dev,daemons,local,operator,spark,postgres]'
 	$(PY) tests/k8s/helm_binary.py >/dev/null  # helm, for the chart's tests
 	touch $(STAMP)
 
@@ -48,14 +48,16 @@ postgres-deps:
 ## and PostgreSQL for the database callback tests, see postgres-deps),
 ## three test files at a time on two cores: most tests wait on processes and timeouts,
 ## not the CPU (the suite used 44% of two cores with two at a time)
-test: $(STAMP) fault-deps postgres-deps
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+test: $(STAMP) fault-deps postgres-deps lint
 	$(PY) -m pytest -n 3 --dist loadfile
 
+## lint: ruff; the import contracts (layers, no circles: [tool.importlinter] in
+## pyproject.toml, docs/architecture.md); mypy, strict on wire/ and the pure cores
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m mypy
 
 ## bench: the storage benchmark (docs/benchmarks.md)
 bench: $(STAMP)
@@ -65,13 +67,16 @@ clean:
 	rm -rf $(VENV) .waltz-local
 
 ## images: the storage, server, operator and Spark job images, with `docker build`, tagged
-## $(IMAGE_REPOSITORY)/waltz-<component>:$(IMAGE_TAG) (docs/kubernetes.md#images). Without
-## a docker command or a Docker engine answering, says so in one line and succeeds.
+## $(IMAGE_REPOSITORY)/waltz-<component>:$(IMAGE_TAG) (docs/kubernetes.md#images), after
+## the build stage they share (images/build.Dockerfile: its targets tagged, locally,
+## waltz-build-<target>:$(IMAGE_TAG)). Without a docker command or a Docker engine
+## answering, says so in one line and succeeds.
 IMAGE_REPOSITORY ?= ghcr.io/waltz-io
 WALTZ_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= $(WALTZ_VERSION)
 IMAGE_DOCKERFILES := storage=images/storage/Dockerfile server=images/server/Dockerfile \
 	operator=operator/Dockerfile spark=images/spark/Dockerfile
+BUILD_TARGETS := native pure
 
 .PHONY: images
 images:
@@ -80,10 +85,15 @@ images:
 	  exit 0; \
 	fi; \
 	revision=$$(git rev-parse HEAD 2>/dev/null || true); \
+	for target in $(BUILD_TARGETS); do \
+	  echo "building waltz-build-$$target:$(IMAGE_TAG) (images/build.Dockerfile)"; \
+	  docker build -f images/build.Dockerfile --target $$target \
+	    -t waltz-build-$$target:$(IMAGE_TAG) . || exit 1; \
+	done; \
 	for pair in $(IMAGE_DOCKERFILES); do \
 	  component=$${pair%%=*}; dockerfile=$${pair#*=}; \
 	  echo "building $(IMAGE_REPOSITORY)/waltz-$$component:$(IMAGE_TAG) ($$dockerfile)"; \
-	  docker build -f $$dockerfile \
+	  docker build -f $$dockerfile --build-arg BUILD_TAG=$(IMAGE_TAG) \
 	    --build-arg VERSION=$(WALTZ_VERSION) --build-arg REVISION=$$revision \
 	    -t $(IMAGE_REPOSITORY)/waltz-$$component:$(IMAGE_TAG) . || exit 1; \
 	done

@@ -4,9 +4,9 @@
     .venv/bin/python images/pins.py --check    # exit 1, naming the file, if one is stale
 
 ``images/constraints.txt`` pins, with ``==``, every distribution the daemons and the
-operator run: pyproject.toml's dependencies and its ``operator`` extra, and everything
-they require in turn, as installed here (``importlib.metadata``; run it with the
-project's venv, where ``make`` installed every extra). ``images/spark/constraints.txt``
+operator run: pyproject.toml's dependencies, its ``daemons`` and ``operator`` extras,
+and everything they require in turn, as installed here (``importlib.metadata``; run it
+with the project's venv, where ``make`` installed every extra). ``images/spark/constraints.txt``
 pins what the ``spark`` extra adds on top of that. The Dockerfiles install with
 ``pip install -c`` of these files, so an image holds exactly these versions; a test
 (tests/k8s/test_images.py) keeps them in step with pyproject.toml and the venv.
@@ -31,7 +31,7 @@ CONSTRAINTS = ROOT / "images" / "constraints.txt"
 SPARK_CONSTRAINTS = ROOT / "images" / "spark" / "constraints.txt"
 PROJECT = "waltz"
 # The extras each file covers (the core dependencies always).
-DAEMON_EXTRAS = ("operator",)
+DAEMON_EXTRAS = ("daemons", "operator")
 SPARK_EXTRAS = ("spark",)
 
 HEADER = """\

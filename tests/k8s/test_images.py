@@ -4,6 +4,8 @@ Docker engine exists, the images built and run read-only as uid 10001.
 
 Each structural check is a function that raises AssertionError; the real Dockerfiles must
 pass them, and broken copies of them (test_checks_catch_a_broken_dockerfile) must not.
+Every image builds on the build stage they share (images/build.Dockerfile): an image's
+stage FROM a target of it is checked as that target's instructions followed by its own.
 """
 
 from __future__ import annotations
@@ -44,8 +46,16 @@ DOCKERFILES = {
     "spark": "images/spark/Dockerfile",
 }
 DAEMONS = ("storage", "server", "operator")
+# The build stage every image builds on, and its targets' images as `make images` tags them.
+SHARED_BUILD = "images/build.Dockerfile"
+BUILD_IMAGES = {"waltz-build-native": "native", "waltz-build-pure": "pure"}
 # The extras each image installs with the waltz wheel.
-EXTRAS = {"storage": set(), "server": set(), "operator": {"operator"}, "spark": {"spark"}}
+EXTRAS = {
+    "storage": {"daemons"},
+    "server": {"daemons"},
+    "operator": {"operator"},
+    "spark": {"spark"},
+}
 # The constraints files each image installs with.
 CONSTRAINTS = {
     "storage": {"images/constraints.txt"},
@@ -72,6 +82,11 @@ class Instruction:
     keyword: str
     args: str
     line: int
+    path: str = "Dockerfile"  # the file it is in (a shared build stage's, spliced in)
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
 
 
 @dataclasses.dataclass
@@ -80,6 +95,7 @@ class Stage:
     name: str | None
     args: dict[str, str]  # ARG defaults in force in the stage
     instructions: list[Instruction]
+    built_on: str | None = None  # the shared build stage's image it is FROM (spliced in)
 
     def all(self, keyword: str) -> list[Instruction]:
         return [i for i in self.instructions if i.keyword == keyword]
@@ -149,13 +165,49 @@ def parse_dockerfile(text: str, path: str = "Dockerfile") -> Dockerfile:
                 scope[key] = global_args.get(key, "")
             continue
         assert stages, f"{path}:{line}: {keyword} before FROM"
-        stages[-1].instructions.append(Instruction(keyword, args, line))
+        stages[-1].instructions.append(Instruction(keyword, args, line, path))
     return Dockerfile(path, global_args, stages)
 
 
-def load(component: str) -> Dockerfile:
+def chain(df: Dockerfile, name: str) -> list[Stage]:
+    """Stage ``name`` of ``df`` and the stages of ``df`` it is FROM, the first first."""
+    by_name = {s.name: s for s in df.stages if s.name}
+    stages = [by_name[name]]
+    while stages[0].base in by_name:
+        stages.insert(0, by_name[stages[0].base])
+    return stages
+
+
+def on_shared_build(df: Dockerfile, shared: Dockerfile) -> Dockerfile:
+    """``df`` with each stage FROM a target of the shared build stage spliced: its base
+    that target's first base, its instructions the target's and then its own."""
+    stages = []
+    for stage in df.stages:
+        image = stage.base.partition(":")[0]
+        if image not in BUILD_IMAGES:
+            stages.append(stage)
+            continue
+        target = chain(shared, BUILD_IMAGES[image])
+        inherited = [i for s in target for i in s.instructions]
+        stages.append(
+            Stage(
+                target[0].base, stage.name, stage.args, inherited + stage.instructions, stage.base
+            )
+        )
+    return Dockerfile(df.path, df.global_args, stages)
+
+
+def load(component: str, edit: tuple[str, str, str] | None = None) -> Dockerfile:
+    """The component's Dockerfile on the shared build stage; ``edit``: (path, old, new),
+    one of the two files as it would be with ``old`` replaced."""
+    texts = {path: (ROOT / path).read_text() for path in (DOCKERFILES[component], SHARED_BUILD)}
+    if edit is not None:
+        path, old, new = edit
+        assert old in texts[path], f"the breakage {old!r} no longer applies to {path}"
+        texts[path] = texts[path].replace(old, new)
+    shared = parse_dockerfile(texts[SHARED_BUILD], SHARED_BUILD)
     path = DOCKERFILES[component]
-    return parse_dockerfile((ROOT / path).read_text(), path)
+    return on_shared_build(parse_dockerfile(texts[path], path), shared)
 
 
 def labels(stage: Stage) -> dict[str, str]:
@@ -195,15 +247,13 @@ def copied_files(stage: Stage) -> dict[str, str]:
     context (WORKDIR applied to relative destinations)."""
     out: dict[str, str] = {}
     workdir = "/"
-    items = sorted(
-        [(i.line, "WORKDIR", i.args) for i in stage.all("WORKDIR")]
-        + [(i.line, "COPY", i) for i in stage.all("COPY")]
-    )
-    for _, kind, value in items:
-        if kind == "WORKDIR":
-            workdir = os.path.join(workdir, value)
+    for instruction in stage.instructions:
+        if instruction.keyword == "WORKDIR":
+            workdir = os.path.join(workdir, instruction.args)
             continue
-        [(sources, dest, options)] = copies(Stage("", None, {}, [value]))
+        if instruction.keyword != "COPY":
+            continue
+        [(sources, dest, options)] = copies(Stage("", None, {}, [instruction]))
         if "from" in options:
             continue
         dest = os.path.join(workdir, dest)
@@ -223,10 +273,11 @@ def copied_files(stage: Stage) -> dict[str, str]:
     return out
 
 
-def workdir_of(stage: Stage, line: int) -> str:
+def workdir_of(stage: Stage, instruction: Instruction) -> str:
+    """The working directory where ``instruction`` of ``stage`` runs."""
     workdir = "/"
-    for i in stage.all("WORKDIR"):
-        if i.line < line:
+    for i in stage.instructions[: stage.instructions.index(instruction)]:
+        if i.keyword == "WORKDIR":
             workdir = os.path.join(workdir, i.args)
     return workdir
 
@@ -237,7 +288,7 @@ class PipCall:
     options: dict[str, list[str]]
     positional: list[str]
     stage: Stage
-    line: int
+    run: Instruction
 
 
 PIP_VALUE_OPTIONS = {
@@ -298,7 +349,7 @@ def pip_calls(dockerfile: Dockerfile) -> list[PipCall]:
                         command = word
                     else:
                         positional.append(word)
-                out.append(PipCall(command, options, positional, stage, run.line))
+                out.append(PipCall(command, options, positional, stage, run))
     return out
 
 
@@ -385,7 +436,7 @@ def check_no_spark(df: Dockerfile, component: str, read=read_repo_file) -> None:
     for stage in df.stages:
         assert "spark" not in stage.base.lower(), f"{df.path}: a Spark base image"
         for run in stage.all("RUN"):
-            assert "spark" not in run.args.lower(), f"{df.path}:{run.line}: Spark installed"
+            assert "spark" not in run.args.lower(), f"{run.where}: Spark installed"
         for sources, _, _ in copies(stage):
             assert not any("spark" in s for s in sources), f"{df.path}: copies {sources}"
     for path in used_constraints(df):
@@ -442,8 +493,8 @@ def repo_files(call: PipCall, option: str) -> set[str]:
     files = copied_files(call.stage)
     out = set()
     for path in call.options.get(option, []):
-        in_stage = os.path.normpath(os.path.join(workdir_of(call.stage, call.line), path))
-        assert in_stage in files, f"line {call.line}: {path} is not COPY'd from the repository"
+        in_stage = os.path.normpath(os.path.join(workdir_of(call.stage, call.run), path))
+        assert in_stage in files, f"{call.run.where}: {path} is not COPY'd from the repository"
         out.add(files[in_stage])
     return out
 
@@ -465,7 +516,7 @@ def check_constraints_used(df: Dockerfile, component: str) -> None:
     installs = [c for c in pip_calls(df) if c.command in ("install", "wheel")]
     assert installs, f"{df.path}: no pip install"
     for call in installs:
-        where = f"{df.path}:{call.line}"
+        where = call.run.where
         for path in repo_files(call, "requirement"):
             pins.parse_pins(read_repo_file(path))  # exact pins only
         constraints = repo_files(call, "constraint")
@@ -519,26 +570,45 @@ def check_native_build(df: Dockerfile, component: str) -> None:
     """The waltz wheel is built from setup.py with the image's WALTZ_BUILD_NATIVE, and a
     stage that must compile installs a C compiler before it builds."""
     mode = NATIVE_BUILD[component]
-    builds = [
-        (stage, run)
-        for stage in df.stages
-        for run in stage.all("RUN")
-        if re.search(r"\bpip wheel\b", run.args)
-    ]
-    assert builds, f"{df.path}: no pip wheel"
-    for stage, run in builds:
-        where = f"{df.path}:{run.line}"
+    builds = [c for c in pip_calls(df) if c.command == "wheel" and "." in c.positional]
+    assert builds, f"{df.path}: the waltz wheel is not built (no pip wheel .)"
+    for call in builds:
+        stage, run, where = call.stage, call.run, call.run.where
         assert re.search(rf"\bWALTZ_BUILD_NATIVE={mode}\b", run.args), (
             f"{where}: the wheel is not built with WALTZ_BUILD_NATIVE={mode}"
         )
         copied = set(copied_files(stage).values())
         assert "setup.py" in copied, f"{where}: setup.py is not copied, so nothing is compiled"
         if mode == "require":
+            before = stage.instructions[: stage.instructions.index(run)]
             assert any(
-                re.search(r"apt-get install\b.*\bgcc\b", before.args)
-                for before in stage.all("RUN")
-                if before.line < run.line
+                i.keyword == "RUN" and re.search(r"apt-get install\b.*\bgcc\b", i.args)
+                for i in before
             ), f"{where}: no C compiler installed before the wheel is built"
+
+
+# The shared build stage's target each image's wheel comes from, by WALTZ_BUILD_NATIVE.
+BUILD_TARGET = {"require": "native", "skip": "pure"}
+
+
+def check_shared_build_stage(df: Dockerfile, component: str) -> None:
+    """The image builds on the build stage the images share (images/build.Dockerfile), on
+    the target of its WALTZ_BUILD_NATIVE, tagged with the project's version as `make
+    images` tags it, and builds no waltz wheel itself."""
+    built = [s for s in df.stages if s.built_on]
+    assert built, f"{df.path}: no stage is FROM the shared build stage ({SHARED_BUILD})"
+    for stage in built:
+        image, _, tag = (stage.built_on or "").partition(":")
+        target = BUILD_TARGET[NATIVE_BUILD[component]]
+        assert BUILD_IMAGES[image] == target, f"{df.path}: FROM {image}, not the {target} build"
+        assert tag == PROJECT["version"], (
+            f"{df.path}: FROM {stage.built_on}, but `make images` tags it {PROJECT['version']}"
+        )
+    for call in pip_calls(df):
+        if call.run.path == df.path:
+            assert not (call.command == "wheel" and "." in call.positional), (
+                f"{call.run.where}: builds the waltz wheel itself, not in {SHARED_BUILD}"
+            )
 
 
 def dockerignore_patterns() -> list[str]:
@@ -607,6 +677,7 @@ CHECKS = [
     check_multi_stage,
     check_copy_sources,
     check_native_build,
+    check_shared_build_stage,
 ]
 
 
@@ -677,15 +748,24 @@ BREAKAGES = [
     ("storage", check_oci_labels, 'org.opencontainers.image.licenses="Apache-2.0"', 'x="y"'),
     ("server", check_oci_labels, "ARG VERSION=0.1.0", "ARG VERSION=9.9.9"),
     ("spark", check_oci_labels, "org.opencontainers.image.source=", "x="),
-    ("storage", check_constraints_used, "-c images/constraints.txt /wheels", "/wheels"),
+    ("storage", check_constraints_used, "-c images/constraints.txt ", ""),
     ("operator", check_constraints_used, "[operator]", "[operator,spark]"),
-    ("server", check_constraints_used, "waltz-*.whl \\\n", "waltz-*.whl aiohttp \\\n"),
+    ("server", check_constraints_used, '[daemons]" \\\n', '[daemons]" aiohttp \\\n'),
     ("spark", check_constraints_used, "-c /pins/spark-constraints.txt ", ""),
     ("storage", check_multi_stage, "COPY --from=build /opt/waltz /opt/waltz", ""),
     ("server", check_multi_stage, "RUN python -m", "RUN pip install aiohttp && python -m"),
+    ("storage", check_no_spark, '[daemons]" \\\n', '[daemons]" pyspark==4.3.0 \\\n'),
+    ("storage", check_shared_build_stage, "FROM waltz-build-native:", "FROM waltz-build-pure:"),
+    ("operator", check_shared_build_stage, "ARG BUILD_TAG=0.1.0", "ARG BUILD_TAG=latest"),
+    ("spark", check_shared_build_stage, "FROM waltz-build-pure:${BUILD_TAG}",
+     "FROM python:3.11.16-slim-trixie"),
+    ("server", check_shared_build_stage, "RUN python -m venv",
+     "RUN WALTZ_BUILD_NATIVE=require pip wheel -w /wheels . && python -m venv"),
+]  # fmt: skip
+# Breakages of the shared build stage, and the check that catches each in an image on it.
+SHARED_BUILD_BREAKAGES = [
     ("storage", check_copy_sources, "README.md ./", "READ.md ./"),
     ("operator", check_copy_sources, "COPY waltz_client/ waltz_client/", "COPY tests/ tests/"),
-    ("storage", check_no_spark, "waltz-*.whl \\\n", "waltz-*.whl pyspark==4.3.0 \\\n"),
     ("storage", check_native_build, "WALTZ_BUILD_NATIVE=require ", ""),
     ("server", check_native_build, "gcc libc6-dev", "libc6-dev"),
     ("server", check_native_build, "setup.py ", ""),
@@ -694,19 +774,20 @@ BREAKAGES = [
     ("server", check_no_spark, "images/constraints.txt images/\n",
      "images/constraints.txt images/spark/constraints.txt images/\n"),
 ]  # fmt: skip
+ALL_BREAKAGES = [(c, f, old, new, DOCKERFILES[c]) for c, f, old, new in BREAKAGES] + [
+    (c, f, old, new, SHARED_BUILD) for c, f, old, new in SHARED_BUILD_BREAKAGES
+]
 
 
 @pytest.mark.parametrize(
-    "component, check, old, new",
-    BREAKAGES,
+    "component, check, old, new, path",
+    ALL_BREAKAGES,
     ids=[
-        f"{c}-{f.__name__.removeprefix('check_')}-{i}" for i, (c, f, _, _) in enumerate(BREAKAGES)
+        f"{c}-{f.__name__.removeprefix('check_')}-{i}" for i, (c, f, *_) in enumerate(ALL_BREAKAGES)
     ],
 )
-def test_checks_catch_a_broken_dockerfile(component, check, old, new):
-    text = (ROOT / DOCKERFILES[component]).read_text()
-    assert old in text, f"the breakage {old!r} no longer applies to {DOCKERFILES[component]}"
-    broken = parse_dockerfile(text.replace(old, new), DOCKERFILES[component])
+def test_checks_catch_a_broken_dockerfile(component, check, old, new, path):
+    broken = load(component, (path, old, new))
     with pytest.raises(AssertionError):
         check(broken, component)
 
@@ -769,10 +850,19 @@ def test_constraints_are_exact_pins():
         pins.parse_pins("aiohttp==3.*\n")
 
 
+# What images/constraints.txt pins: the core and the extras the daemon and operator images
+# install.
+DAEMON_REQUIREMENTS = [
+    *PROJECT["dependencies"],
+    *PROJECT["optional-dependencies"]["daemons"],
+    *PROJECT["optional-dependencies"]["operator"],
+]
+
+
 def test_constraints_pin_every_runtime_dependency_of_pyproject():
     daemons = read_pins("images/constraints.txt")
     check_pins_cover(
-        PROJECT["dependencies"] + PROJECT["optional-dependencies"]["operator"],
+        DAEMON_REQUIREMENTS,
         daemons,
         "images/constraints.txt",
     )
@@ -805,7 +895,7 @@ def test_constraints_are_what_pins_py_generates():
 
 def test_constraint_checks_catch_drift():
     daemons = read_pins("images/constraints.txt")
-    requirements = PROJECT["dependencies"] + PROJECT["optional-dependencies"]["operator"]
+    requirements = DAEMON_REQUIREMENTS
     with pytest.raises(AssertionError, match="not pinned"):
         check_pins_cover(requirements, {k: v for k, v in daemons.items() if k != "kazoo"}, "x")
     with pytest.raises(AssertionError, match="does not satisfy"):
@@ -939,16 +1029,25 @@ def test_make_images_builds_all_four_with_docker(tmp_path):
     assert result.returncode == 0, result.stderr
     builds = [line.split() for line in log.read_text().splitlines() if line.startswith("build")]
     version = PROJECT["version"]
-    assert sorted((b[b.index("-f") + 1], b[b.index("-t") + 1], b[-1]) for b in builds) == sorted(
+    # The shared build stage first, a target each, then the images on it.
+    shared, images = builds[: len(BUILD_IMAGES)], builds[len(BUILD_IMAGES) :]
+    assert sorted(
+        (b[b.index("-f") + 1], b[b.index("--target") + 1], b[b.index("-t") + 1], b[-1])
+        for b in shared
+    ) == sorted((SHARED_BUILD, t, f"{image}:{version}", ".") for image, t in BUILD_IMAGES.items())
+    assert sorted((b[b.index("-f") + 1], b[b.index("-t") + 1], b[-1]) for b in images) == sorted(
         (DOCKERFILES[c], f"ghcr.io/waltz-io/waltz-{c}:{version}", ".") for c in DOCKERFILES
     )
-    assert all(f"VERSION={version}" in b for b in builds)
+    assert all(f"VERSION={version}" in b and f"BUILD_TAG={version}" in b for b in images)
     log.unlink()
     result = make_images(path, "IMAGE_REPOSITORY=example.com/me", "IMAGE_TAG=e2e")
     assert result.returncode == 0, result.stderr
     builds = [line.split() for line in log.read_text().splitlines() if line.startswith("build")]
     tags = {b[b.index("-t") + 1] for b in builds}
-    assert tags == {f"example.com/me/waltz-{c}:e2e" for c in DOCKERFILES}
+    assert tags == {f"example.com/me/waltz-{c}:e2e" for c in DOCKERFILES} | {
+        f"{image}:e2e" for image in BUILD_IMAGES
+    }
+    assert all("BUILD_TAG=e2e" in b for b in builds[len(BUILD_IMAGES) :])
 
 
 # --- built and run, where a Docker engine exists ------------------------------------------
@@ -980,13 +1079,23 @@ def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
 
 @pytest.fixture(scope="module")
 def built():
-    """component -> image, each built once (on first use) from this repository."""
+    """component -> image, each built once (on first use) from this repository, on the
+    shared build stage (its targets built first, once)."""
     images: dict[str, str] = {}
 
     def build(component: str) -> str:
+        if not images:
+            for image, target in BUILD_IMAGES.items():
+                docker(
+                    "build", "-f", SHARED_BUILD, "--target", target,
+                    "-t", f"{image}:{TEST_TAG}", str(ROOT), timeout=3600,
+                )  # fmt: skip
         if component not in images:
             tag = f"waltz-{component}:{TEST_TAG}"
-            docker("build", "-f", DOCKERFILES[component], "-t", tag, str(ROOT), timeout=3600)
+            docker(
+                "build", "-f", DOCKERFILES[component], "--build-arg", f"BUILD_TAG={TEST_TAG}",
+                "-t", tag, str(ROOT), timeout=3600,
+            )  # fmt: skip
             images[component] = tag
         return images[component]
 
