@@ -14,10 +14,36 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from . import event_loop, file_limit
 from .http_guard import GuardedSite, start_guarded_http
 from .tls import TlsContexts, TlsFiles
+
+# A probe: whether it passes, and the JSON body that says why.
+Probe = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+def probe_app(healthz: Probe, readyz: Probe, registry: CollectorRegistry) -> web.Application:
+    """A daemon's HTTP endpoints: ``/healthz`` and ``/readyz`` answer 200 when their probe
+    passes and 503 when not, with its body; ``/metrics`` is the registry's text format."""
+
+    def answer(probe: Probe) -> Callable[[web.Request], Coroutine[Any, Any, web.Response]]:
+        async def handle(_: web.Request) -> web.Response:
+            ok, body = probe()
+            return web.json_response(body, status=200 if ok else 503)
+
+        return handle
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", answer(healthz))
+    app.router.add_get("/readyz", answer(readyz))
+    app.router.add_get("/metrics", metrics)
+    return app
 
 
 def settle_heap() -> None:

@@ -1,9 +1,13 @@
-"""Health, readiness and Prometheus metrics over HTTP (aiohttp), on its own port."""
+"""Health and readiness of a storage node (``/healthz``, ``/readyz``); the HTTP app with
+``/metrics`` is the daemons' shared ``probe_app``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from waltz_client.runtime.daemon import probe_app
 
 from .server import StorageServer
 
@@ -11,37 +15,25 @@ from .server import StorageServer
 def build_app(server: StorageServer) -> web.Application:
     node = server.node
 
-    async def healthz(_: web.Request) -> web.Response:
+    def healthz() -> tuple[bool, dict[str, Any]]:
         # Live unless a partition failed *after* opening (an fsync error): a restart
         # recovers that. A partition that cannot open would fail again, so it only
         # makes the node unready.
         failed = {p: svc.unavailable for p, svc in node.partitions.items() if svc.failed_after_open}
-        status = 503 if failed else 200
-        return web.json_response(
-            {"status": "failing" if failed else "ok", "failed_partitions": failed}, status=status
-        )
+        return not failed, {"status": "failing" if failed else "ok", "failed_partitions": failed}
 
-    async def readyz(_: web.Request) -> web.Response:
+    def readyz() -> tuple[bool, dict[str, Any]]:
         unavailable = {
             p: svc.unavailable or svc.out_of_space
             for p, svc in node.partitions.items()
             if svc.unavailable or svc.out_of_space
         }
         ready = server.listening and not unavailable
-        body = {
+        return ready, {
             "ready": ready,
             "listening": server.listening,
             "partitions": sorted(node.partitions),
             "unavailable_partitions": unavailable,
         }
-        return web.json_response(body, status=200 if ready else 503)
 
-    async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(node.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    return app
+    return probe_app(healthz, readyz, node.metrics.registry)
