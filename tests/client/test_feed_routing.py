@@ -43,7 +43,11 @@ def producer(callbacks: WaltzClientCallbacks | None = None) -> tuple[WaltzClient
     config = WaltzClientConfig("127.0.0.1:1", feed=callbacks is not None)
     client = WaltzClient(config, callbacks)
     client.view.client_id = CLIENT  # as start() would have it
-    state = _Partition(ClientPartition(0, callbacks is not None, 0.05), asyncio.Semaphore(8))
+    state = _Partition(
+        ClientPartition(0, callbacks is not None, 0.05),
+        asyncio.Semaphore(8),
+        client._driver_context,
+    )
     state.core.mount_req = MOUNT
     client._partitions[0] = state
     return client, state
