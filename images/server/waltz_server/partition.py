@@ -1,4 +1,4 @@
-"""One owned partition: the append task, the store sessions behind it, and its feeds.
+"""One owned partition: the append task, its commits and its feeds.
 
 Appends, mounts and flushes go through one queue in arrival order. The
 append task checks generation, connection staleness and locks, assigns the
@@ -8,20 +8,19 @@ commits; a failed append only leaves a lock looking newer, a false conflict,
 never a missed one) and hands the record to the store session. Commits fill
 the feed and data caches and wake the feeds. Mounts and flushes wait until
 every append queued before them is resolved (committed, or lost with a
-session) and are answered on the feed, after the transactions they cover. When a
-session ends at a planned boundary is ``session_boundary``'s rule; reads of committed
-transactions are ``storage_reads``'.
-"""
+session) and are answered on the feed, after the transactions they cover. The
+store sessions behind the partition (recovery, planned boundaries, catch-ups,
+retention) are ``session_loop``'s; reads of committed transactions are
+``storage_reads``'."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 from waltz_client.cluster.retention import RetentionPolicy
@@ -37,7 +36,6 @@ from waltz_client.wire.client_messages import (
     MountResponse,
     MountStatus,
 )
-from waltz_client.wire.errors import describe
 from waltz_client.wire.records import (
     CRC,
     RECORD_HEADER,
@@ -47,18 +45,14 @@ from waltz_client.wire.records import (
     UncheckedRecords,
     crc32,
 )
-from waltz_client.wire.storage_client import StorageClient
 
 from . import storage_reads
 from .caches import DataCache, FeedCache
-from .catch_up import CatchUp
 from .feed import ClientConnection, Subscription
 from .feed_slots import FeedSlots
 from .partition_core import Ignored, LockConflict, PartitionCore, Resolved
-from .recovery import OwnSession
-from .recovery_manager import AssignmentChanged, RecoveryContext, Superseded, start_session
-from .retention import retention_step
-from .session_boundary import RejoinProbes, checkpoint_reached, missing_replicas
+from .recovery_manager import RecoveryContext
+from .session_loop import SessionLoop
 from .store_session import StoreSession
 
 log = logging.getLogger(__name__)
@@ -103,11 +97,9 @@ class Partition:
         retention_policy: Callable[[], RetentionPolicy] = RetentionPolicy,
     ) -> None:
         self.partition_id = context.partition_id
-        self.context = context
         self.settings = settings
         self._on_superseded = on_superseded
         self._observe_commit = observe_commit
-        self._retention_policy = retention_policy
         # Retention: the first transaction still served; nothing below it is read.
         self.log_start = 0
         self.state = State.RECOVERING
@@ -115,9 +107,6 @@ class Partition:
         self.core = PartitionCore(
             context.generation, settings.lock_table_size, settings.lock_hashes
         )
-        self.session: StoreSession | None = None
-        self._own: OwnSession | None = None  # the last session this object ran
-        self._rejoin = RejoinProbes(settings.probe_interval)  # missing replicas' next probes
         self.feed_cache = FeedCache(settings.feed_cache_bytes)
         self.data_cache = DataCache(settings.data_cache_bytes)
         self.stats = PartitionStats()
@@ -131,17 +120,24 @@ class Partition:
         # The cap on feeds and mounts, queued Mounts included (feed_slots.py says why).
         self.slots = FeedSlots(settings.max_feeds)
         self._tasks: list[asyncio.Task] = []
-        self._catch_ups: dict[str, CatchUp] = {}  # lagging replicas copied in the background
-        self._boundary: asyncio.Future[str] | None = None  # a planned session end, and why
+        self.sessions = SessionLoop(
+            self,
+            context,
+            self._committed,
+            settings.probe_interval,
+            settings.checkpoint_interval,
+            settings.retention_interval,
+            retention_policy,
+        )
 
     # --- lifecycle --------------------------------------------------------------------
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self._session_loop()),
+            loop.create_task(self.sessions.run()),
             loop.create_task(self._append_loop()),
-            loop.create_task(self._retention_loop()),
+            loop.create_task(self.sessions.retention_loop()),
         ]
 
     async def stop(self, reason: str) -> None:
@@ -159,9 +155,7 @@ class Partition:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 task.result()
-        self._stop_catch_ups()
-        if self.session is not None:
-            await self.session.close(reason)
+        await self.sessions.close(reason)
         for sub in list(self.subscriptions):
             sub.task.cancel()
             sub.connection.feeds.discard(sub)
@@ -199,20 +193,6 @@ class Partition:
     def queue_size(self) -> int:
         return len(self._queue)
 
-    def replica_positions(self) -> dict[str, tuple[bool, int | None]]:
-        """Each assigned replica: (a member of the running store session, the highest
-        transaction ID it holds as far as this server knows; None: unknown)."""
-        session = self.session
-        out: dict[str, tuple[bool, int | None]] = {}
-        for address in self.context.replicas:
-            if session is not None and not session.failed and address in session.members:
-                out[address] = (True, session.core.members[address].acked)
-            elif address in self._catch_ups and not self._catch_ups[address].task.done():
-                out[address] = (False, self._catch_ups[address].progress.copied_through)
-            else:
-                out[address] = (False, None)
-        return out
-
     @property
     def healthy(self) -> bool:
         return self.state == State.ACTIVE
@@ -221,59 +201,39 @@ class Partition:
     def feed_batch(self) -> int:
         return self.settings.feed_batch
 
-    # --- store sessions ---------------------------------------------------------------
+    # --- the session loop's side (``SessionOwner``) ----------------------------------
 
-    async def _session_loop(self) -> None:
-        try:
-            while self.state != State.STOPPED:
-                self.state = State.RECOVERING
-                self._active.clear()
-                context = self.context
-                try:
-                    session = await start_session(context, self._committed, self._report, self._own)
-                except Superseded:
-                    raise
-                except AssignmentChanged as e:
-                    # The server learns the new set from its watch (change_replicas).
-                    log.info("partition %d: %s; recovering again", self.partition_id, e)
-                    self.status = f"recovering: {e}"
-                    await asyncio.sleep(self.context.retry_delay)
-                    continue
-                except Exception as e:  # a bug: say so, and try again rather than hang
-                    log.exception("partition %d: recovery failed unexpectedly", self.partition_id)
-                    self.status = f"recovery failed: {e}"
-                    await asyncio.sleep(self.context.retry_delay)
-                    continue
-                if self.state == State.STOPPED:  # stopped meanwhile (a swallowed cancel)
-                    await session.close("partition stopped")
-                    return
-                self._open(session)
-                reason = await self._watch(session, context)
-                self._stop_catch_ups()
-                self.state = State.RECOVERING
-                self._active.clear()
-                self._own = OwnSession(session.session_id, self.high_water_mark)
-                await session.close(reason)
-                self.session = None
-        except Superseded as e:
-            if self.state == State.STOPPED:
-                return  # already replaced: the server's current partition is not ours
-            log.warning("partition %d: %s", self.partition_id, e)
-            self.status = f"superseded: {e}"
-            self._on_superseded(self, str(e))
+    @property
+    def session(self) -> StoreSession | None:
+        return self.sessions.session
 
-    def _report(self, status: str) -> None:
-        self.status = status
+    @property
+    def context(self) -> RecoveryContext:
+        return self.sessions.context
 
-    def _open(self, session: StoreSession) -> None:
-        self.session = session
+    @property
+    def stopped(self) -> bool:
+        return self.state == State.STOPPED
+
+    def replica_positions(self) -> dict[str, tuple[bool, int | None]]:
+        return self.sessions.replica_positions()
+
+    def change_replicas(self, replicas: tuple[str, ...]) -> None:
+        self.sessions.change_replicas(replicas)
+
+    def recovering(self) -> None:
+        self.state = State.RECOVERING
+        self._active.clear()
+
+    def hold_appends(self) -> None:
+        self._active.clear()
+
+    def superseded(self, reason: str) -> None:
+        self._on_superseded(self, reason)
+
+    def session_opened(self, session: StoreSession, keep_locks: bool) -> None:
         self.log_start = max(self.log_start, session.log_start)
         self.stats.sessions += 1
-        # The lock table stays valid only if every transaction the recovery kept took
-        # its locks here: this object ran the session that wrote last (any other writer,
-        # even this server's earlier partition object, would be a newer writing session).
-        own = self._own
-        keep_locks = own is not None and session.previous_writer == own.session_id
         resolved = self.core.session_opened(session.high_water_mark, keep_locks)
         self.feed_cache.reset(session.high_water_mark)
         self.data_cache.drop_above(session.high_water_mark)
@@ -282,47 +242,8 @@ class Partition:
         self._active.set()
         self._answer(resolved)
         self._wake_feeds()
-        for address, position in sorted(session.lagging.items()):
-            self._catch_ups[address] = CatchUp(
-                partition_id=self.partition_id,
-                session_id=session.session_id,
-                address=address,
-                position=position,
-                source=lambda s=session: _source(s),
-                committed=lambda: self.high_water_mark,
-                on_caught_up=lambda a: self.end_session(f"replica {a} caught up"),
-                cluster_key=self.context.cluster_key,
-                num_partitions=self.context.num_partitions,
-                timeout=self.context.connect_timeout,
-                settings=self.context.catch_up,
-                open_connection=self.context.open_connection,
-            )
 
-    async def _retention_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.retention_interval)
-            await self.apply_retention()
-
-    async def apply_retention(self) -> None:
-        """One retention step (see ``retention``); failures wait for the next one."""
-        session = self.session
-        if self.state != State.ACTIVE or session is None or session.failed:
-            return
-        try:
-            await retention_step(
-                session=session,
-                metadata=self.context.metadata,
-                generation=self.generation,
-                policy=self._retention_policy(),
-                current=self.log_start,
-                high_water_mark=self.high_water_mark,
-                now_ms=int(time.time() * 1000),
-                publish=self._publish_log_start,
-            )
-        except Exception as e:  # ZooKeeper or storage unavailable: the next step retries
-            log.warning("partition %d: retention step failed: %s", self.partition_id, describe(e))
-
-    def _publish_log_start(self, log_start: int) -> None:
+    def publish_log_start(self, log_start: int) -> None:
         if log_start <= self.log_start:
             return
         log.info(
@@ -343,66 +264,6 @@ class Partition:
             f"partition {self.partition_id}: transaction {txid} is below the log start "
             f"{self.log_start} (deleted by retention); the first available is {self.log_start}"
         )
-
-    def _stop_catch_ups(self) -> None:
-        for catch_up in self._catch_ups.values():
-            catch_up.cancel()
-        self._catch_ups.clear()
-
-    def end_session(self, reason: str) -> None:
-        """End the running store session at a planned boundary (what is in flight commits
-        first); the next recovery runs with the current context."""
-        if self._boundary is not None and not self._boundary.done():
-            self._boundary.set_result(reason)
-
-    def change_replicas(self, replicas: tuple[str, ...]) -> None:
-        """The partition's replica set changed: the next session uses the new one. The
-        partition object, its feeds and mounts stay."""
-        self.context = replace(self.context, replicas=replicas)
-        self.end_session("the replica set changed")
-
-    async def _watch(self, session: StoreSession, context: RecoveryContext) -> str:
-        """Wait until the session must end; the reason. A planned end (the checkpoint
-        interval, a replica back or caught up, a new replica set) first lets what is in
-        flight commit."""
-        reason = await self._until_end(session, context)
-        if not session.ended.done():
-            self._active.clear()  # the append task holds new appends for the next session
-            await session.drain(self.context.connect_timeout)
-        return reason
-
-    async def _until_end(self, session: StoreSession, context: RecoveryContext) -> str:
-        self._boundary = asyncio.get_running_loop().create_future()
-        if self.context.replicas != context.replicas:
-            return "the replica set changed"  # while this session recovered
-        self._rejoin.joined(session.members)
-        while True:
-            await asyncio.wait(
-                {session.ended, self._boundary},
-                timeout=self.settings.probe_interval,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if session.ended.done():
-                return str(session.ended.exception())
-            if self._boundary.done():
-                return self._boundary.result()
-            copying = {a for a, c in self._catch_ups.items() if not c.task.done()}
-            missing = missing_replicas(self.context.replicas, session.members, copying)
-            now = asyncio.get_running_loop().time()
-            session.check_stragglers(now, self.context.connect_timeout)
-            await session.ping(self.context.connect_timeout)
-            if session.ended.done():
-                return str(session.ended.exception())
-            if checkpoint_reached(
-                self.high_water_mark,
-                session.start_high_water_mark,
-                self.settings.checkpoint_interval,
-            ):
-                return "checkpoint interval reached"
-            for address in missing:
-                now = asyncio.get_running_loop().time()
-                if self._rejoin.due(address, now) and await _reachable(address, self.context):
-                    return self._rejoin.reachable_again(address, now)
 
     # --- the append task --------------------------------------------------------------
 
@@ -635,23 +496,3 @@ class Partition:
     ) -> RecordBatch | UncheckedRecords:
         """Committed records from ``start`` (``storage_reads.read_range``)."""
         return await storage_reads.read_range(self, start, max_records, max_bytes)
-
-
-async def _reachable(address: str, context: RecoveryContext, timeout: float = 1.0) -> bool:
-    """Whether a storage node answers the handshake (a returning replica: time for a new
-    session that includes it)."""
-    host, _, port = address.rpartition(":")
-    try:
-        client = await StorageClient.connect(
-            host, int(port), timeout=timeout, open_connection=context.open_connection
-        )
-    except Exception:  # refused, timed out, closed mid-handshake, wrong service...
-        return False
-    await client.close()
-    return True
-
-
-def _source(session: StoreSession) -> str | None:
-    """The member to copy a lagging replica from: the one that acknowledged the most."""
-    member = session.reader(session.high_water_mark)
-    return member.address if member is not None else None
