@@ -22,7 +22,6 @@ import shutil
 import uuid
 
 import pytest
-from conftest import FAST_FAILOVER
 
 from waltz_client import (
     MissingTransactions,
@@ -35,6 +34,7 @@ from waltz_client.cluster.metadata import UNRESOLVED
 from waltz_client.cluster.zk import close, connect
 from waltz_client.tools.backup.format import MANIFEST_NAME, BackupError, Manifest, read_chunk
 from waltz_client.tools.cli import main as waltz_main
+from waltz_client.tools.demo.common import FAST_FAILOVER
 from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.transaction import Transaction, TransactionBuilder, TransactionContext
 from waltz_client.wire.records import Record

@@ -11,7 +11,7 @@ import re
 import urllib.request
 
 import pytest
-from conftest import (
+from fault_harness import (
     PartitionClient,
     check_log,
     http_json,

@@ -16,7 +16,7 @@ import contextlib
 import logging
 
 import pytest
-from conftest import (
+from fault_harness import (
     PartitionClient,
     check_log,
     http_json,

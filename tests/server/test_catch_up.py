@@ -14,7 +14,13 @@ import re
 import time
 
 import pytest
-from conftest import PartitionClient, cluster_admin, partition_metadata, replica_logs, wait_for
+from server_harness import (
+    PartitionClient,
+    cluster_admin,
+    partition_metadata,
+    replica_logs,
+    wait_for,
+)
 
 from waltz_client.cluster.admin import assign_partitions, read_assignment
 from waltz_client.cluster.metadata import UNRESOLVED

@@ -10,7 +10,7 @@ import logging
 import time
 
 import pytest
-from conftest import PartitionClient, owner_of, ownership, replica_logs, wait_for
+from server_harness import PartitionClient, owner_of, ownership, replica_logs, wait_for
 
 from waltz_client.wire.server_connection import ServerConnectionClosed
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import PartitionClient, wait_for
+from server_harness import PartitionClient, wait_for
 
 from waltz_client.wire.client_messages import ErrorCode, ErrorResponse, FlushRequest, FlushResponse
 

@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import Put, wait_for
+from server_harness import Put, wait_for
 
 from waltz_client import WaltzClient, WaltzClientConfig
 

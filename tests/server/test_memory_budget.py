@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
-from conftest import Put
+from server_harness import Put
 
 from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_server.caches import DataCache, FeedCache

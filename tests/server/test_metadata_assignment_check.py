@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import until
+from server_harness import until
 
 from waltz_client.cluster.admin import add_storage, create_cluster
 from waltz_client.cluster.metadata import ServerRegistration

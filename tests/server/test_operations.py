@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import PartitionClient, wait_for
+from server_harness import PartitionClient, wait_for
 
 from waltz_client.wire.framing import HANDSHAKE_BYTES, Hello, Service
 

@@ -8,7 +8,7 @@ import socket
 import urllib.request
 
 import pytest
-from conftest import PartitionClient
+from server_harness import PartitionClient
 
 from waltz_client.wire.client_messages import (
     ErrorResponse,

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from conftest import ownership, until, wait_for
 from kazoo.client import KazooClient
 from kazoo.security import OPEN_ACL_UNSAFE, make_acl
+from server_harness import ownership, until, wait_for
 
 from waltz_client.cluster.admin import create_cluster, read_cluster
 from waltz_client.cluster.metadata import ServerRegistration

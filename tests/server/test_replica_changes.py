@@ -15,7 +15,7 @@ import json
 import urllib.request
 
 import pytest
-from conftest import PartitionClient, cluster_admin, partition_metadata, wait_for
+from server_harness import PartitionClient, cluster_admin, partition_metadata, wait_for
 
 from waltz_client.cluster.admin import assign_partitions, read_assignment, unassign_partitions
 from waltz_client.cluster.errors import ClusterError

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import PartitionClient, partition_metadata, replica_logs, wait_for
+from server_harness import PartitionClient, partition_metadata, replica_logs, wait_for
 
 from waltz_client.cluster.metadata import UNRESOLVED
 from waltz_client.wire.client_messages import (

@@ -14,7 +14,7 @@ import shutil
 import time
 
 import pytest
-from conftest import Put, cluster_admin, partition_metadata, replica_logs, wait_for
+from server_harness import Put, cluster_admin, partition_metadata, replica_logs, wait_for
 from test_server_bounds import raw_connect, read_messages
 
 from waltz_client import (

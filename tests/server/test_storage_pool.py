@@ -11,7 +11,7 @@ import urllib.request
 import uuid
 
 import pytest
-from conftest import Put, partition_metadata, wait_for
+from server_harness import Put, partition_metadata, wait_for
 
 from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_client.wire.records import CRC, WIRE_RECORD_HEAD, crc32

@@ -1,5 +1,8 @@
-"""Fixtures for server tests: a real cluster (shared ZooKeeper, storage and server processes)
-and a small protocol-level client of one partition.
+"""Helpers for the server tests (the cluster fixtures come from tests/conftest.py): reading
+a cluster's metadata and replicas, waiting for conditions, and a small protocol-level
+client of one partition. A module of its own name, not a conftest.py: every conftest.py
+is a module named ``conftest``, and ``from conftest import`` found whichever was loaded
+first.
 
 ``PartitionClient`` speaks the client <-> server messages directly (the
 client library is built on the same messages); it records what a client
