@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 from .callbacks import WaltzClientCallbacks
 from .client import SubmitResult, WaltzClient
@@ -18,6 +19,8 @@ from .config import WaltzClientConfig
 from .runtime import event_loop
 from .transaction import TransactionContext
 from .wire.records import Record, RecordBatch, UncheckedRecords
+
+T = TypeVar("T")
 
 
 class BlockingWaltzClient:
@@ -39,7 +42,7 @@ class BlockingWaltzClient:
             self._stop_loop()
             raise
 
-    def _call(self, coro, timeout: float | None = None):
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def submit(self, context: TransactionContext, timeout: float | None = None) -> SubmitResult:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import TypeVarTuple
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import ZnodeStat
 
 from .cluster.admin import new_client_id, read_params
 from .cluster.metadata import ClusterParams, MetadataError, Ownership, ServerRegistration
@@ -22,6 +25,8 @@ from .runtime.tasks import spawn
 from .runtime.tls import TlsFiles
 
 log = logging.getLogger(__name__)
+
+Ts = TypeVarTuple("Ts")
 
 
 class ClusterView:
@@ -110,11 +115,11 @@ class ClusterView:
 
     # --- kazoo thread -> loop -----------------------------------------------------------
 
-    def _post(self, fn, *args) -> None:
+    def _post(self, fn: Callable[[*Ts], object], *args: *Ts) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(fn, *args)
 
-    def _ownership_changed(self, data, stat) -> None:
+    def _ownership_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         if data is None:
             return
         try:

@@ -273,7 +273,9 @@ def _secrets(spec: ClusterSpec, component: str) -> tuple[dict[str, str], list, l
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
 
-    def mount(name: str, secret: str, directory: str, items=None) -> None:
+    def mount(
+        name: str, secret: str, directory: str, items: list[dict[str, str]] | None = None
+    ) -> None:
         volume, volume_mount = _secret_volume(name, secret, directory, items)
         volumes.append(volume)
         mounts.append(volume_mount)

@@ -23,6 +23,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.security import (
     ACL,
@@ -95,7 +96,7 @@ def parse_writer(text: str) -> Id:
     return Id(scheme, identity)
 
 
-def adopt_cluster_acl(zk, root: str) -> None:
+def adopt_cluster_acl(zk: KazooClient, root: str) -> None:
     """Nodes ``zk`` creates from now on get the cluster node's ACL (whoever wrote it)."""
     try:
         acl, _ = zk.get_acls(ClusterPaths.of(root).cluster)
@@ -104,7 +105,7 @@ def adopt_cluster_acl(zk, root: str) -> None:
     zk.default_acl = list(acl)
 
 
-def readopt_open_acl(zk, root: str) -> None:
+def readopt_open_acl(zk: KazooClient, root: str) -> None:
     """Before creating a node: a session that adopted an open cluster ACL reads the
     cluster node's ACL again, so that a node created after ``waltz cluster secure`` gets
     the new ACL, not the open one read at start. Free once the adopted ACL is not open."""
@@ -131,7 +132,7 @@ def principal(text: str) -> str:
     return text
 
 
-def client_ids_acl_of(zk) -> list[ACL] | None:
+def client_ids_acl_of(zk: KazooClient) -> list[ACL] | None:
     """The ``client-ids`` ACL for nodes created by ``zk``: its default ACL, as every node's
     (servers draw client IDs; anyone else only reads); None (kazoo's default) when it has
     none."""

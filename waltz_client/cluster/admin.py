@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -41,6 +42,24 @@ from .replica_safety import replica_change_problem, still_serving, writing_membe
 from .retention import RetentionPolicy
 
 CAS_ATTEMPTS = 20
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _Codec(Protocol[T_co]):
+    """A metadata class: ``decode`` makes one of it from a znode's data."""
+
+    def decode(self, data: bytes, /) -> T_co: ...
+
+
+class _Policy(Protocol):
+    """A policy document (AccessPolicy, RetentionPolicy)."""
+
+    def encode(self) -> bytes: ...
+
+
+P = TypeVar("P", bound=_Policy)
 
 
 @dataclass
@@ -74,7 +93,7 @@ class ClusterState:
         return still_serving(assignment, self.partitions)
 
 
-def _decode(path: str, data: bytes, codec):
+def _decode(path: str, data: bytes, codec: _Codec[T]) -> T:
     try:
         return codec.decode(data)
     except MetadataError as e:
@@ -466,7 +485,14 @@ def update_retention(
     )
 
 
-def _update_policy(zk: KazooClient, path: str, what: str, read, change, check):
+def _update_policy(
+    zk: KazooClient,
+    path: str,
+    what: str,
+    read: Callable[[], tuple[P, int]],
+    change: Callable[[P], P],
+    check: Callable[[P], object],
+) -> P:
     """Compare-and-set a policy document: read, change, check, write; again if it
     changed meanwhile."""
     for _ in range(CAS_ATTEMPTS):

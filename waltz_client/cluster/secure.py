@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.security import ACL
 
@@ -110,7 +111,7 @@ def describe_acl(acl: Sequence[ACL]) -> str:
     return ", ".join(f"{principal(f'{a.id.scheme}:{a.id.id}')} {'|'.join(a.acl_list)}" for a in acl)
 
 
-def read_acls(zk, root: str) -> dict[str, tuple[list[ACL], int]]:
+def read_acls(zk: KazooClient, root: str) -> dict[str, tuple[list[ACL], int]]:
     """path -> (ACL, ACL version) of ``root`` and every node below it (nodes that vanish
     while walking are left out)."""
     out: dict[str, tuple[list[ACL], int]] = {}
@@ -127,7 +128,9 @@ def read_acls(zk, root: str) -> dict[str, tuple[list[ACL], int]]:
     return out
 
 
-def read_registrations(zk, paths: ClusterPaths) -> dict[str, ServerRegistration | None]:
+def read_registrations(
+    zk: KazooClient, paths: ClusterPaths
+) -> dict[str, ServerRegistration | None]:
     out: dict[str, ServerRegistration | None] = {}
     try:
         children = zk.get_children(paths.servers)
@@ -146,7 +149,7 @@ def read_registrations(zk, paths: ClusterPaths) -> dict[str, ServerRegistration 
 
 
 def secure_cluster(
-    zk,
+    zk: KazooClient,
     root: str,
     metadata: Sequence[ACL],
     client_ids: Sequence[ACL],

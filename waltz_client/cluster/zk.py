@@ -6,7 +6,7 @@ import atexit
 import contextlib
 import logging
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
@@ -60,7 +60,7 @@ def connect(
     return zk
 
 
-def _tls_arguments(tls: TlsFiles | None) -> dict:
+def _tls_arguments(tls: TlsFiles | None) -> dict[str, Any]:
     if tls is None or not tls.enabled:
         return {}
     return {
@@ -87,7 +87,7 @@ def _stop_at_exit(zk: KazooClient) -> None:
             with contextlib.suppress(Exception):
                 live.stop()
 
-    zk._waltz_stop_at_exit = stop  # type: ignore[attr-defined]
+    zk._waltz_stop_at_exit = stop
     atexit.register(stop)
 
 

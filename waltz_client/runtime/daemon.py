@@ -55,7 +55,7 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def write_ready_file(path: str, info: dict) -> None:
+def write_ready_file(path: str, info: dict[str, Any]) -> None:
     """Atomically, so a watcher never reads half a file. A failure (the directory went
     away since the settings were checked) is one line and exit status 2."""
     tmp = path + ".tmp"
@@ -106,7 +106,8 @@ class HttpThread:
         """Serve ``app``; the bound port. Raises what ``start_http`` raises (OSError)."""
         self._thread.start()
         started = asyncio.run_coroutine_threadsafe(start_http(app, host, port, tls), self._loop)
-        self._site, bound = await asyncio.wrap_future(started)
+        site, bound = await asyncio.wrap_future(started)
+        self._site = site
         return bound
 
     async def stop(self) -> None:

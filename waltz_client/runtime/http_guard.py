@@ -27,7 +27,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -126,7 +126,7 @@ class GuardedHttpConnection(asyncio.Protocol):
         peer_warnings.warning("closing HTTP connection from %s: %s", self.peer, reason)
         transport = self._transport or self._accepted  # perhaps in its TLS handshake
         if transport is not None:
-            transport.abort()
+            cast(asyncio.Transport, transport).abort()  # the TCP connection's
 
 
 def quietest(conns: Iterable[GuardedHttpConnection]) -> GuardedHttpConnection | None:
@@ -201,7 +201,7 @@ class GuardedSite:
 
     @property
     def port(self) -> int:
-        return self.server.sockets[0].getsockname()[1]
+        return cast(int, self.server.sockets[0].getsockname()[1])
 
     async def cleanup(self) -> None:
         self._sweeper.cancel()

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .peer_warnings import PeerWarnings
 
@@ -44,6 +44,8 @@ class AcceptingProtocol(Protocol):
     def data_received(self, data: bytes) -> None: ...
     def eof_received(self) -> bool | None: ...
     def connection_lost(self, exc: Exception | None) -> None: ...
+    def pause_writing(self) -> None: ...
+    def resume_writing(self) -> None: ...
 
 
 async def listen(
@@ -75,17 +77,17 @@ class _After(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
-        self.target: asyncio.BaseProtocol | None = None
+        self.target: _Decrypted | None = None
 
     def data_received(self, data: bytes) -> None:
         if self.target is not None:
-            self.target.data_received(data)  # type: ignore[attr-defined]
+            self.target.data_received(data)
         else:
             self.events.append(("data", data))
 
     def eof_received(self) -> bool | None:
         if self.target is not None:
-            return self.target.eof_received()  # type: ignore[attr-defined]
+            return self.target.eof_received()
         self.events.append(("eof", None))
         return None
 
@@ -105,7 +107,11 @@ class _TlsAcceptor(asyncio.Protocol):
     TLS layer before its handshake starts."""
 
     def __init__(
-        self, handler: Any, context: ssl.SSLContext, timeout: float, scratch: memoryview
+        self,
+        handler: AcceptingProtocol,
+        context: ssl.SSLContext,
+        timeout: float,
+        scratch: memoryview,
     ) -> None:
         self._handler = handler
         self._context = context
@@ -119,7 +125,7 @@ class _TlsAcceptor(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._handler.accepted(transport):
             self._over = True
-            transport.abort()
+            cast(asyncio.Transport, transport).abort()  # the TCP connection
             return
         self._transport = transport  # type: ignore[assignment]
         loop = asyncio.get_running_loop()
@@ -213,7 +219,7 @@ class _Decrypted(asyncio.BufferedProtocol):
 
     __slots__ = ("_handler", "_scratch")
 
-    def __init__(self, handler: Any, scratch: memoryview) -> None:
+    def __init__(self, handler: AcceptingProtocol, scratch: memoryview) -> None:
         self._handler = handler
         self._scratch = scratch
 
@@ -223,6 +229,10 @@ class _Decrypted(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         # Copied out before the handler runs: the next read may reuse the buffer.
         self._handler.data_received(bytes(self._scratch[:nbytes]))
+
+    def data_received(self, data: bytes) -> None:
+        # What _After passes on (a BufferedProtocol has no data_received of its own).
+        self._handler.data_received(data)
 
     def eof_received(self) -> bool | None:
         return self._handler.eof_received()

@@ -18,7 +18,7 @@ import tomllib
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 
 class ConfigError(Exception):
@@ -226,7 +226,7 @@ def ready_file_and_log_settings() -> list[Setting]:
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit status 2, as for every bad setting
+    def error(self, message: str) -> NoReturn:  # one line, exit status 2, as for every bad setting
         raise ConfigError(message)
 
 

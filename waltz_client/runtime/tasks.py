@@ -16,17 +16,19 @@ from waltz_client.wire.errors import describe
 
 
 def spawn(
-    coro: Coroutine[Any, Any, Any], tasks: set[asyncio.Task], what: str, log: logging.Logger
-) -> asyncio.Task:
+    coro: Coroutine[Any, Any, Any],
+    tasks: set[asyncio.Task[Any]],
+    what: str,
+    log: logging.Logger,
+) -> asyncio.Task[Any]:
     """Run ``coro`` in the background, held in ``tasks`` until it ends; a failure is logged
     with ``what`` it was doing."""
     task = asyncio.get_running_loop().create_task(coro)
     tasks.add(task)
 
-    def done(t: asyncio.Task) -> None:
+    def done(t: asyncio.Task[Any]) -> None:
         tasks.discard(t)
-        if not t.cancelled() and t.exception() is not None:
-            error = t.exception()
+        if not t.cancelled() and (error := t.exception()) is not None:
             log.error("%s failed: %s", what, describe(error), exc_info=error)
 
     task.add_done_callback(done)

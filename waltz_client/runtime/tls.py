@@ -19,7 +19,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from .settings import Setting
@@ -158,7 +158,7 @@ class TlsContexts:
         def switch(ssl_object: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
             ssl_object.context = self.current()
 
-        front.sni_callback = switch  # type: ignore[assignment]
+        front.sni_callback = switch
         return front
 
 
@@ -183,10 +183,10 @@ def peer_identity(transport: Any) -> str | None:
     for rdn in cert.get("subject", ()):
         for key, value in rdn:
             if key == "commonName":
-                return value
+                return cast(str, value)
     for kind, value in cert.get("subjectAltName", ()):
         if kind in ("DNS", "URI"):
-            return value
+            return cast(str, value)
     return None
 
 

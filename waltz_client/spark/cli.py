@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from waltz_client.client import WaltzClient
 from waltz_client.config import WaltzClientConfig
@@ -23,6 +24,9 @@ from waltz_client.tools.demo.common import Put, check_at_least_one, fresh_cluste
 from waltz_client.tools.local.cluster import LocalCluster
 
 from .planning import plan_splits
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 
 def register(groups: argparse._SubParsersAction) -> None:
@@ -72,7 +76,12 @@ async def _fill(cluster: LocalCluster, count: int, size: int, partitions: int) -
 
 
 async def _produce_at(
-    cluster: LocalCluster, rate: float, seconds: float, size: int, partitions: int, committed
+    cluster: LocalCluster,
+    rate: float,
+    seconds: float,
+    size: int,
+    partitions: int,
+    committed: dict[tuple[int, int], float],
 ) -> None:
     """Open loop at ``rate`` tx/s; ``committed[(partition, txid)]`` = commit time."""
     payload = os.urandom(size)
@@ -205,14 +214,16 @@ def _print_cpu(
     print(f"  CPU a row: {each} ({sum(used.values()) / elapsed:.2f} cores busy)")
 
 
-def _stream_latency(spark, cluster: LocalCluster, options: dict, args) -> None:
+def _stream_latency(
+    spark: SparkSession, cluster: LocalCluster, options: dict, args: argparse.Namespace
+) -> None:
     """Commit -> sink latency of a streaming query while a producer writes at a steady
     rate: the sink is a foreachBatch on the driver that notes when each transaction
     arrives."""
     committed: dict[tuple[int, int], float] = {}
     seen: dict[tuple[int, int], float] = {}
 
-    def sink(batch_df, batch_id: int) -> None:
+    def sink(batch_df: DataFrame, batch_id: int) -> None:
         rows = batch_df.select("partition", "transaction_id").collect()
         now = time.time()
         for r in rows:

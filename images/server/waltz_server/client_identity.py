@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TypeVar, TypeVarTuple
 
 from kazoo.client import KazooClient
 
@@ -70,6 +71,9 @@ MAX_ALLOCATIONS_PER_CONNECTION = 16
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
 
 class ZooKeeperUnavailable(Exception):
     """The server has no ZooKeeper session (starting, or lost it): try again later."""
@@ -107,7 +111,7 @@ class ClientBindings:
             raise ZooKeeperUnavailable("the server has no ZooKeeper session yet")
         return zk
 
-    async def _run(self, fn, *args):
+    async def _run(self, fn: Callable[[KazooClient, str, *Ts], T], *args: *Ts) -> T:
         zk = self._session()
         return await asyncio.get_running_loop().run_in_executor(None, fn, zk, self.root, *args)
 

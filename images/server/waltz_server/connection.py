@@ -52,6 +52,7 @@ from waltz_client.wire.client_messages import (
 from waltz_client.wire.corked import CorkedWriter
 from waltz_client.wire.errors import describe
 from waltz_client.wire.framing import Service
+from waltz_client.wire.records import ReqId
 
 from .client_identity import (
     ACTS_AS_CLIENT,
@@ -425,7 +426,7 @@ class ClientConnectionHandler(PeerConnection):
                 "the server is starting: it has not read the cluster's access policy yet",
             )
 
-    def _feeds_full(self, q, partition: Partition, message: ClientMessage) -> bool:
+    def _feeds_full(self, q: ReqId, partition: Partition, message: ClientMessage) -> bool:
         """Refuse (and say which limit) a feed or mount beyond this connection's or the
         partition's cap: each costs a task, and every commit wakes them all. A Mount let
         in holds its partition slot from here, while it waits in the queue."""
@@ -471,7 +472,7 @@ class ClientConnectionHandler(PeerConnection):
             or self._read_bytes_in_flight >= limits.max_read_bytes,
         )
 
-    def _error(self, q, code: ErrorCode, text: str) -> None:
+    def _error(self, q: ReqId, code: ErrorCode, text: str) -> None:
         self.send(ErrorResponse(q, code, text).encode())
 
     async def _rpc(self, partition: Partition | None, message: ClientMessage) -> None:

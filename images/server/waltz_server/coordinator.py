@@ -17,9 +17,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import TypeVar, TypeVarTuple
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import ZnodeStat
 
 from waltz_client.cluster.access import DENY_ALL, AccessPolicy
 from waltz_client.cluster.acl import ZkCredential, adopt_cluster_acl, readopt_open_acl
@@ -42,6 +44,9 @@ from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay
 from .recovery_manager import AssignmentChanged, MetadataConflict
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 def _describe(e: BaseException) -> str:
@@ -108,7 +113,7 @@ class ServerCoordinator:
         assert self._zk is not None, "not connected"
         return self._zk
 
-    async def _run(self, fn, *args):
+    async def _run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     async def start(self, retry_every: float = 2.0) -> None:
@@ -158,7 +163,7 @@ class ServerCoordinator:
 
     # --- kazoo thread -> loop -----------------------------------------------------------
 
-    def _post(self, fn, *args) -> None:
+    def _post(self, fn: Callable[[*Ts], object], *args: *Ts) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(fn, *args)
 
@@ -204,7 +209,7 @@ class ServerCoordinator:
                 self.zk.delete(path)
             self.zk.create(path, data, ephemeral=True)
 
-    def _access_changed(self, data, stat) -> None:
+    def _access_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         if data is None:
             self._post(self._set_access, AccessPolicy(), "no access policy: partitions are open")
             return
@@ -217,7 +222,7 @@ class ServerCoordinator:
             return
         self._post(self._set_access, policy, "access policy: " + "; ".join(policy.describe()))
 
-    def _retention_changed(self, data, stat) -> None:
+    def _retention_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         assert self.params is not None
         try:
             policy = (
@@ -241,7 +246,7 @@ class ServerCoordinator:
             log.info("%s", description)
         self.access = policy
 
-    def _assignment_changed(self, data, stat) -> None:
+    def _assignment_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         if data is None:
             return
         try:
@@ -249,6 +254,7 @@ class ServerCoordinator:
         except MetadataError as e:
             log.error("ignoring an unreadable replica assignment: %s", e)
             return
+        assert stat is not None  # kazoo passes one with the data
         self._post(self._set_assignment, assignment, stat.version)
 
     def _set_assignment(self, assignment: ReplicaAssignment, version: int) -> None:
@@ -263,7 +269,7 @@ class ServerCoordinator:
         self.live_servers = sorted(children)
         self._request_rebalance()
 
-    def _ownership_changed(self, data, stat) -> None:
+    def _ownership_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         if data is None:
             return
         try:

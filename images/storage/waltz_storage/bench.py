@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from waltz_client.runtime import event_loop
@@ -223,7 +224,7 @@ def run_bench(
     record_bytes: int,
     duration: float,
     inflights: list[int],
-    progress=print,
+    progress: Callable[[str], None] = print,
     *,
     partitions: int = 1,
     group_sync: bool = True,

@@ -28,7 +28,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -528,7 +528,9 @@ class VerifyResult:
     files: int
 
 
-def verify_backup(directory: str, progress=lambda message: None) -> VerifyResult:
+def verify_backup(
+    directory: str, progress: Callable[[str], None] = lambda message: None
+) -> VerifyResult:
     """Check the whole backup (the manifest, then every byte of every chunk); BackupError
     names the first damaged file."""
     manifest = Manifest.read(directory)

@@ -84,7 +84,7 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")
 
 
-async def _produce(args, cluster: LocalCluster) -> dict:
+async def _produce(args: argparse.Namespace, cluster: LocalCluster) -> dict:
     config = WaltzClientConfig(
         cluster.zookeeper_connect,
         zk_root=cluster.layout.root,
@@ -146,7 +146,7 @@ async def _produce(args, cluster: LocalCluster) -> dict:
     }
 
 
-async def _consume(args, cluster: LocalCluster, total: int) -> dict:
+async def _consume(args: argparse.Namespace, cluster: LocalCluster, total: int) -> dict:
     config = WaltzClientConfig(
         cluster.zookeeper_connect,
         zk_root=cluster.layout.root,

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from waltz_client.runtime import event_loop
 from waltz_client.runtime.process_cpu import cpu_seconds
@@ -34,6 +35,16 @@ from waltz_client.tools.local.zookeeper_ensemble import ZooKeeperEnsemble
 from waltz_client.wire.native import describe as describe_loops
 
 from .common import Put, WritesMeasured, fresh_cluster
+
+if TYPE_CHECKING:
+    import argparse
+    from multiprocessing.queues import Queue
+    from multiprocessing.synchronize import Barrier
+
+    from kazoo.interfaces import IAsyncResult
+
+# What a load process puts on its queue: (writes, their latencies in ms, what wrote).
+LoadResult = tuple[int, list[float], str]
 
 DEFAULT_CONCURRENCY = (1, 16, 64, 256)
 WALTZ_SYSTEMS = ("waltz, 1 partition", "waltz, 4 partitions")
@@ -89,14 +100,14 @@ def _waltz_load(
     partitions: int,
     inflight: int,
     size: int,
-    ready,
+    ready: Barrier,
     seconds: float,
-    out,
+    out: Queue[LoadResult],
 ) -> None:
     from waltz_client.client import SubmitStatus, WaltzClient
     from waltz_client.config import WaltzClientConfig
 
-    async def main() -> tuple[int, list[float]]:
+    async def main() -> LoadResult:
         config = WaltzClientConfig(
             zookeeper, zk_root=root, feed=False, max_outstanding_appends=max(1, inflight)
         )
@@ -130,9 +141,9 @@ def _zookeeper_load(
     partitions: int,
     inflight: int,
     size: int,
-    ready,
+    ready: Barrier,
     seconds: float,
-    out,
+    out: Queue[LoadResult],
 ) -> None:
     from kazoo.client import KazooClient
 
@@ -151,7 +162,7 @@ def _zookeeper_load(
         result = zk.create_async(f"{root}/bench/n-", payload, sequence=True)
         result.rawlink(lambda r: finished(r, t0))
 
-    def finished(result, t0: float) -> None:
+    def finished(result: IAsyncResult, t0: float) -> None:
         ok = result.successful()
         now = time.time()
         with lock:
@@ -379,7 +390,7 @@ def _ratio(cells: list[Cell], top: str, bottom: str) -> float:
     return median_cell(tops).rate / median_cell(bottoms).rate
 
 
-def cmd_compare(args) -> int:
+def cmd_compare(args: argparse.Namespace) -> int:
     try:
         concurrency = sorted({int(c) for c in args.compare_concurrency.split(",")})
         partitions = sorted({int(p) for p in args.compare_partitions.split(",")})

@@ -23,11 +23,23 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from queue import Empty
+from typing import TYPE_CHECKING, TypeVar
 
 from .common import WritesMeasured
+
+if TYPE_CHECKING:
+    import argparse
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.queues import Queue
+
+T = TypeVar("T")
+
+# What the floor's processes report: (role, what it measured: CPU seconds, work done
+# or latencies).
+Report = tuple[str, object]
 
 ROUND = struct.Struct(">Q")  # a message: its round number, then the record
 STOP = (1 << 64) - 1  # the round that tells every process to report and exit
@@ -100,7 +112,7 @@ def _since(start: tuple[float, float]) -> tuple[float, float]:
     return user - start[0], system - start[1]
 
 
-def _node(path: str, size: int, fsync: bool, ports, out) -> None:
+def _node(path: str, size: int, fsync: bool, ports: Queue[int], out: Queue[Report]) -> None:
     """Answer each record once it is written (and synced) into a pre-written file."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -137,7 +149,7 @@ def _node(path: str, size: int, fsync: bool, ports, out) -> None:
         os.unlink(path)
 
 
-def _relay(node_ports: list[int], size: int, port_out, out) -> None:
+def _relay(node_ports: list[int], size: int, port_out: Queue[int], out: Queue[Report]) -> None:
     """Send each record to every node; answer the client once a quorum answered."""
     nodes = [_connect(port) for port in node_ports]
     server = socket.create_server(("127.0.0.1", 0))
@@ -170,7 +182,7 @@ def _relay(node_ports: list[int], size: int, port_out, out) -> None:
     out.put(("relay", _since(start or _cpu_now())))
 
 
-def _client(port: int, size: int, seconds: float, out) -> None:
+def _client(port: int, size: int, seconds: float, out: Queue[Report]) -> None:
     """One write in flight for ``seconds``: each waits for its answer."""
     relay = _connect(port)
     payload = os.urandom(size)
@@ -191,7 +203,7 @@ def _client(port: int, size: int, seconds: float, out) -> None:
     out.put(("latencies", latencies))
 
 
-def _get(queue, processes: list, timeout: float):
+def _get(queue: Queue[T], processes: Sequence[BaseProcess], timeout: float) -> T:
     """The next item of ``queue``; RuntimeError, naming it, if one of ``processes`` died
     first or nothing came within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -310,7 +322,7 @@ NOT_FOR_THE_FLOOR = (
 )
 
 
-def cmd_floor(args) -> int:
+def cmd_floor(args: argparse.Namespace) -> int:
     given = [n for n in NOT_FOR_THE_FLOOR if getattr(args, n) != args.sweep_defaults[n]]
     if given:
         flags = ", ".join("--" + n.replace("_", "-") for n in given)

@@ -151,7 +151,9 @@ class FaultSchedule:
             await asyncio.to_thread(c.zookeeper.restart)
 
 
-async def _load(args, cluster: LocalCluster, results: Results, consumers: list[Consumer]):
+async def _load(
+    args: argparse.Namespace, cluster: LocalCluster, results: Results, consumers: list[Consumer]
+) -> tuple[dict[int, int], float]:
     config = WaltzClientConfig(
         cluster.zookeeper_connect,
         zk_root=cluster.layout.root,
@@ -247,7 +249,13 @@ async def _read_everything(cluster: LocalCluster, partitions: int):
     return records, digest.hexdigest()
 
 
-async def _verify(args, cluster, results: Results, consumers, hwms) -> dict[str, str | None]:
+async def _verify(
+    args: argparse.Namespace,
+    cluster: LocalCluster,
+    results: Results,
+    consumers: list[Consumer],
+    hwms: dict[int, int],
+) -> dict[str, str | None]:
     """name -> None when it holds, else why not."""
     problems: dict[str, str | None] = {}
     log, checksum = await _read_everything(cluster, args.partitions)
@@ -333,7 +341,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         cluster.stop()
 
 
-async def _smoke(args, cluster: LocalCluster) -> int:
+async def _smoke(args: argparse.Namespace, cluster: LocalCluster) -> int:
     results = Results()
     consumers = [Consumer() for _ in range(args.clients)]
     hwms, elapsed = await _load(args, cluster, results, consumers)

@@ -9,8 +9,12 @@ certificates come from Secrets (docs/security.md).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from waltz_client.runtime.tls import TlsFiles
+
+if TYPE_CHECKING:
+    import trustme
 
 CA_FILE = "ca.pem"
 
@@ -47,7 +51,7 @@ def local_pki(
     return out
 
 
-def issue(ca, identity: str, hosts: list[str], cert_path: str, key_path: str) -> None:
+def issue(ca: trustme.CA, identity: str, hosts: list[str], cert_path: str, key_path: str) -> None:
     """Write a certificate for ``identity`` signed by ``ca`` (a trustme.CA)."""
     leaf = ca.issue_cert(*hosts, common_name=identity)
     with open(cert_path, "wb") as f:

@@ -425,7 +425,7 @@ class LocalCluster:
         """A kazoo client on this cluster's ZooKeeper, as admin tools reach it."""
         return connect(self.zookeeper_connect, credential=self.zk_credential, tls=self.zk_tls())
 
-    def start(self, progress=lambda message: None) -> None:
+    def start(self, progress: Callable[[str], None] = lambda message: None) -> None:
         try:
             if self.zookeeper is not None:
                 progress(f"starting ZooKeeper on {self.zookeeper_connect}")
