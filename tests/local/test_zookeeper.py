@@ -18,10 +18,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
+from waltz_client.tools.local.held_signals import signals_held as _signals_held
 from waltz_client.tools.local.zookeeper import (
     EmbeddedZooKeeper,
     ZooKeeperUnavailable,
-    _signals_held,
     find_java,
     find_zookeeper_classpath,
 )

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import uuid
 
 from waltz_client.cluster.metadata import ReplicaAssignment, key_fingerprint
 from waltz_client.cluster.partition_ranges import format_partition_ranges
@@ -30,109 +31,28 @@ def _error(message: str) -> int:
     return 2
 
 
+class _StartFailed(Exception):
+    """The node cannot start; the message says why (what it opened is closed again)."""
+
+
 async def serve(config: StorageConfig) -> int:
-    server_settings = ServerSettings(
-        max_frame_bytes=config.max_frame_bytes,
-        queue_max_requests=config.queue_max_requests,
-        queue_max_bytes=config.queue_max_bytes,
-        node_queue_max_bytes=config.node_queue_max_bytes,
-        write_group_max_bytes=config.write_group_max_bytes,
-        inline_group_max_seconds=config.inline_group_max_ms / 1000,
-        tls=TlsContexts(config.tls, listening=True) if config.tls.enabled else None,
-        allowed_peers=config.tls_allowed_peers,
-        peer=peer_limits_of(config),
-    )
-    engine_settings = EngineSettings(
-        segment_bytes=config.segment_bytes,
-        # The most bytes one write group can leave unsynced: a drained batch stops
-        # once it reaches write_group_max_bytes, so at most one more frame; records
-        # take at most 40/36 of their wire size on disk.
-        max_torn_bytes=(config.write_group_max_bytes + config.max_frame_bytes) * 10 // 9 + 1,
-        group_sync=config.group_sync,
-        group_sync_write_back=config.group_sync_write_back,
-    )
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-
-    follower: ClusterFollower | None = None
-    key, num_partitions = config.cluster_key, config.num_partitions
-    if config.zookeeper:
-        follower = ClusterFollower(config.zookeeper, config.zk_root, tls=config.zk_tls)
-        log.info("reading cluster %s from ZooKeeper %s", config.zk_root, config.zookeeper)
-        await follower.connect()
-        params = await follower.wait_for_cluster()
-        if key is not None and key != params.key:
-            await follower.close()
-            return _error(
-                f"setting cluster_key ({key_fingerprint(key)}) differs from the key of the "
-                f"cluster at {config.zk_root} ({key_fingerprint(params.key)})"
-            )
-        key, num_partitions = params.key, params.num_partitions
-    assert key is not None and num_partitions is not None
+    server_settings = _server_settings(config)
+    engine_settings = _engine_settings(config)
+    stop = _stop_on_signals()
     try:
-        node = await loop.run_in_executor(
-            None,
-            lambda: StorageNode.open(
-                config.directory, key, num_partitions, set(config.partitions or ()), engine_settings
-            ),
-        )
-    except ControlFileError as e:
-        if follower:
-            await follower.close()
+        follower, key, num_partitions = await _read_cluster(config)
+        node = await _open_node(config, engine_settings, follower, key, num_partitions)
+        server = StorageServer(node, server_settings)
+        # Probes and scrapes on a thread of their own: small write groups run on this
+        # loop's thread, and a slow fsync must not make /healthz miss its deadline.
+        http = HttpThread()
+        port, http_port = await _listen(config, server, http, node, follower)
+    except _StartFailed as e:
         return _error(str(e))
-    except OSError as e:
-        if follower:
-            await follower.close()
-        return _error(
-            f"setting directory ({config.directory}): cannot use it as the storage "
-            f"directory: {e.strerror or e}"
-        )
-    if follower is not None:
-        node.verify_sessions_with(follower.recorded_session, follower.recorded_log_start)
-        assert node.session_checks is not None
-        follower.session_changed = node.session_checks.forget
-    server = StorageServer(node, server_settings)
-    # Probes and scrapes on a thread of their own: small write groups run on this loop's
-    # thread, and a slow fsync must not make /healthz miss its deadline.
-    http = HttpThread()
-    try:
-        port = await server.start(config.host, config.port)
-        http_port = await http.start(
-            build_app(server),
-            config.host,
-            config.http_port,
-            config.tls if config.http_tls else None,
-        )
-    except OSError as e:
-        await http.stop()
-        await server.close()
-        node.close()
-        if follower:
-            await follower.close()
-        return _error(f"cannot listen on {config.host}: {e.strerror}")
-    if not config.tls.enabled:
-        warn_plaintext("storage node", config.host, port, log)
-
     advertised = ""
     if follower is not None:
-        advertised = config.advertised_address or default_advertised_address(config.host, port)
-        first_assignment = asyncio.Event()
-        apply = AssignmentApplier(node, server, advertised, follower)
-        follower.watch_assignment(lambda a: apply.submit(a, first_assignment))
-        await first_assignment.wait()
-    log.info(
-        "storage node serving partitions %s of cluster %s on %s:%d (http %d), dir %s, "
-        "per-record loops %s",
-        format_partition_ranges(set(node.partitions)) or "none",
-        key_fingerprint(key),  # the key itself is a secret: never logged
-        config.host,
-        port,
-        http_port,
-        config.directory,
-        describe_loops(),
-    )
+        advertised = await _follow_assignment(config, node, server, follower, port)
+    _log_serving(config, node, key, port, http_port)
     settle_heap()
     if config.ready_file:
         write_ready_file(
@@ -152,6 +72,157 @@ async def serve(config: StorageConfig) -> int:
     await server.close()
     node.close()
     return 0
+
+
+def _server_settings(config: StorageConfig) -> ServerSettings:
+    return ServerSettings(
+        max_frame_bytes=config.max_frame_bytes,
+        queue_max_requests=config.queue_max_requests,
+        queue_max_bytes=config.queue_max_bytes,
+        node_queue_max_bytes=config.node_queue_max_bytes,
+        write_group_max_bytes=config.write_group_max_bytes,
+        inline_group_max_seconds=config.inline_group_max_ms / 1000,
+        tls=TlsContexts(config.tls, listening=True) if config.tls.enabled else None,
+        allowed_peers=config.tls_allowed_peers,
+        peer=peer_limits_of(config),
+    )
+
+
+def _engine_settings(config: StorageConfig) -> EngineSettings:
+    return EngineSettings(
+        segment_bytes=config.segment_bytes,
+        # The most bytes one write group can leave unsynced: a drained batch stops
+        # once it reaches write_group_max_bytes, so at most one more frame; records
+        # take at most 40/36 of their wire size on disk.
+        max_torn_bytes=(config.write_group_max_bytes + config.max_frame_bytes) * 10 // 9 + 1,
+        group_sync=config.group_sync,
+        group_sync_write_back=config.group_sync_write_back,
+    )
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGINT and SIGTERM set."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _read_cluster(config: StorageConfig) -> tuple[ClusterFollower | None, uuid.UUID, int]:
+    """The cluster key and partition count: from the settings, or from ZooKeeper through
+    the returned follower once the cluster exists there."""
+    follower: ClusterFollower | None = None
+    key, num_partitions = config.cluster_key, config.num_partitions
+    if config.zookeeper:
+        follower = ClusterFollower(config.zookeeper, config.zk_root, tls=config.zk_tls)
+        log.info("reading cluster %s from ZooKeeper %s", config.zk_root, config.zookeeper)
+        await follower.connect()
+        params = await follower.wait_for_cluster()
+        if key is not None and key != params.key:
+            await follower.close()
+            raise _StartFailed(
+                f"setting cluster_key ({key_fingerprint(key)}) differs from the key of the "
+                f"cluster at {config.zk_root} ({key_fingerprint(params.key)})"
+            )
+        key, num_partitions = params.key, params.num_partitions
+    assert key is not None and num_partitions is not None
+    return follower, key, num_partitions
+
+
+async def _open_node(
+    config: StorageConfig,
+    engine_settings: EngineSettings,
+    follower: ClusterFollower | None,
+    key: uuid.UUID,
+    num_partitions: int,
+) -> StorageNode:
+    """The storage directory opened; its sessions checked against ZooKeeper's if followed."""
+    loop = asyncio.get_running_loop()
+    try:
+        node = await loop.run_in_executor(
+            None,
+            lambda: StorageNode.open(
+                config.directory, key, num_partitions, set(config.partitions or ()), engine_settings
+            ),
+        )
+    except ControlFileError as e:
+        if follower:
+            await follower.close()
+        raise _StartFailed(str(e)) from None
+    except OSError as e:
+        if follower:
+            await follower.close()
+        raise _StartFailed(
+            f"setting directory ({config.directory}): cannot use it as the storage "
+            f"directory: {e.strerror or e}"
+        ) from None
+    if follower is not None:
+        node.verify_sessions_with(follower.recorded_session, follower.recorded_log_start)
+        assert node.session_checks is not None
+        follower.session_changed = node.session_checks.forget
+    return node
+
+
+async def _listen(
+    config: StorageConfig,
+    server: StorageServer,
+    http: HttpThread,
+    node: StorageNode,
+    follower: ClusterFollower | None,
+) -> tuple[int, int]:
+    """The storage port and the HTTP port, listening."""
+    try:
+        port = await server.start(config.host, config.port)
+        http_port = await http.start(
+            build_app(server),
+            config.host,
+            config.http_port,
+            config.tls if config.http_tls else None,
+        )
+    except OSError as e:
+        await http.stop()
+        await server.close()
+        node.close()
+        if follower:
+            await follower.close()
+        raise _StartFailed(f"cannot listen on {config.host}: {e.strerror}") from None
+    if not config.tls.enabled:
+        warn_plaintext("storage node", config.host, port, log)
+    return port, http_port
+
+
+async def _follow_assignment(
+    config: StorageConfig,
+    node: StorageNode,
+    server: StorageServer,
+    follower: ClusterFollower,
+    port: int,
+) -> str:
+    """Open the partitions the replica assignment gives this node, and keep following it;
+    the address this node is known by there."""
+    advertised = config.advertised_address or default_advertised_address(config.host, port)
+    first_assignment = asyncio.Event()
+    apply = AssignmentApplier(node, server, advertised, follower)
+    follower.watch_assignment(lambda a: apply.submit(a, first_assignment))
+    await first_assignment.wait()
+    return advertised
+
+
+def _log_serving(
+    config: StorageConfig, node: StorageNode, key: uuid.UUID, port: int, http_port: int
+) -> None:
+    log.info(
+        "storage node serving partitions %s of cluster %s on %s:%d (http %d), dir %s, "
+        "per-record loops %s",
+        format_partition_ranges(set(node.partitions)) or "none",
+        key_fingerprint(key),  # the key itself is a secret: never logged
+        config.host,
+        port,
+        http_port,
+        config.directory,
+        describe_loops(),
+    )
 
 
 class AssignmentApplier:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from waltz_client.client import SubmitStatus, WaltzClient
 from waltz_client.cluster.errors import ClusterError
 from waltz_client.config import WaltzClientConfig
+from waltz_client.dbapi import ApplyStats, DatabaseCallbacks
 from waltz_client.runtime import event_loop
 from waltz_client.tools.local.cli import add_security_flags
 from waltz_client.tools.local.cluster import LocalCluster, LocalClusterError
@@ -82,13 +83,44 @@ def say(message: str) -> None:
     print(f"[waltz demo] {message}", flush=True)
 
 
+INITIAL_BALANCE = 1000  # of every account
+
+
 async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
     """The bank workload and its checks on a started cluster; 0 when every check passes."""
     paths = bank_databases(args, cluster.data_dir)
-    initial = 1000
     for path in dict.fromkeys(paths):  # a shared bank once
-        path.create(args.accounts, initial, fresh=True)
+        path.create(args.accounts, INITIAL_BALANCE, fresh=True)
     deadlocks_before = _deadlocks(args.database)
+    callbacks = [path.callbacks() for path in paths]
+    clients = await _start_clients(cluster, callbacks)
+    workload = _Workload(args, cluster)
+    elapsed = await workload.run(clients, paths)
+    say("all transfers submitted; waiting for every client to apply the whole log")
+    hwms = await _wait_until_applied(clients, args.partitions)
+    applied = [{p: c.applied_high_water_mark(p) for p in hwms} for c in clients]
+    await _close(clients, callbacks, paths)
+    # A restarted storage node catches up in its next store session.
+    outcome = _Outcome(
+        tally=workload.tally,
+        elapsed=elapsed,
+        hwms=hwms,
+        applied=applied,
+        digests=await converged_digests(cluster, hwms),
+        balances=[path.balances() for path in paths],
+        rows=[path.applied() for path in paths],
+        stats=[cb.stats for cb in callbacks],
+        deadlocks=_deadlocks(args.database) - deadlocks_before,
+    )
+    checks = _checks(args, outcome)
+    _print_report(args, cluster, paths, outcome, checks)
+    return 0 if all(checks.values()) else 1
+
+
+async def _start_clients(
+    cluster: LocalCluster, callbacks: list[DatabaseCallbacks]
+) -> list[WaltzClient]:
+    """A started client per bank's callbacks, each connected to the cluster."""
     config = WaltzClientConfig(
         cluster.zookeeper_connect,
         zk_root=cluster.layout.root,
@@ -96,18 +128,46 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
         tls=cluster.client_tls,
         zk_tls=cluster.client_zk_tls,
     )
-    callbacks = [path.callbacks() for path in paths]
-    clients = [WaltzClient(config, cb) for cb, path in zip(callbacks, paths, strict=True)]
+    clients = [WaltzClient(config, cb) for cb in callbacks]
     for c in clients:
         await c.start()
-    tally = Tally()
-    per_teller = max(1, args.transfers // (args.clients * args.tellers))
-    total = per_teller * args.clients * args.tellers
-    started = time.perf_counter()
+    return clients
 
-    async def teller(c: WaltzClient, path: str, seed: int) -> None:
+
+class _Workload:
+    """The tellers' transfers, a progress line every second and, midway, the faults."""
+
+    def __init__(self, args: argparse.Namespace, cluster: LocalCluster) -> None:
+        self.args = args
+        self.cluster = cluster
+        self.tally = Tally()
+        self.per_teller = max(1, args.transfers // (args.clients * args.tellers))
+        self.total = self.per_teller * args.clients * args.tellers
+        self.started = time.perf_counter()
+
+    async def run(self, clients: list[WaltzClient], paths: list[bank.BankDb]) -> float:
+        """Every teller's transfers, until the last is decided; the seconds they took."""
+        self.started = time.perf_counter()
+        done = asyncio.Event()
+        reporter = asyncio.create_task(self._progress(done))
+        fault_task = asyncio.create_task(self._faults())
+        await asyncio.gather(
+            *(
+                self._teller(c, path, 100 * i + k)
+                for i, (c, path) in enumerate(zip(clients, paths, strict=True))
+                for k in range(self.args.tellers)
+            )
+        )
+        elapsed = time.perf_counter() - self.started
+        await fault_task
+        done.set()
+        await reporter
+        return elapsed
+
+    async def _teller(self, c: WaltzClient, path: bank.BankDb, seed: int) -> None:
+        args, tally = self.args, self.tally
         rng = random.Random(seed)
-        for _ in range(per_teller):
+        for _ in range(self.per_teller):
             source = rng.randrange(args.accounts)
             targets = [
                 a
@@ -130,29 +190,40 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
             else:
                 tally.failed += 1
 
-    async def progress(done: asyncio.Event) -> None:
+    async def _progress(self, done: asyncio.Event) -> None:
+        tally = self.tally
         while not done.is_set():
             await asyncio.sleep(1.0)
-            elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - self.started
             say(
-                f"{tally.submitted}/{total} transfers: {tally.committed} committed, "
+                f"{tally.submitted}/{self.total} transfers: {tally.committed} committed, "
                 f"{tally.ignored} refused (insufficient funds), {tally.lock_failures} lock "
                 f"rejections retried, {tally.committed / elapsed:.0f} tx/s"
             )
 
-    async def faults() -> None:
-        if args.no_faults:
+    async def _faults(self) -> None:
+        if self.args.no_faults:
             return
-        while tally.committed < total * 0.25:
+        await self._committed(0.25)
+        await self._kill_a_storage_node()
+        await self._committed(0.5)
+        await self._kill_the_owner_of_partition_0()
+
+    async def _committed(self, share: float) -> None:
+        """Until this share of all transfers has committed."""
+        while self.tally.committed < self.total * share:
             await asyncio.sleep(0.1)
-        victim = cluster.storages[1]
+
+    async def _kill_a_storage_node(self) -> None:
+        victim = self.cluster.storages[1]
         say(f"SIGKILL {victim.name} (a minority of the replicas)")
         victim.kill()
         await asyncio.sleep(3)
         await asyncio.to_thread(victim.start)
         say(f"{victim.name} restarted; it catches up in the next store session")
-        while tally.committed < total * 0.5:
-            await asyncio.sleep(0.1)
+
+    async def _kill_the_owner_of_partition_0(self) -> None:
+        cluster = self.cluster
         index, generation = await asyncio.to_thread(cluster.owner_index, 0)
         owner = cluster.servers[index]
         say(f"SIGKILL {owner.name}, owner of partition 0 (generation {generation})")
@@ -164,56 +235,73 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
         await asyncio.to_thread(owner.start)
         say(f"{owner.name} restarted")
 
-    done = asyncio.Event()
-    reporter = asyncio.create_task(progress(done))
-    fault_task = asyncio.create_task(faults())
-    await asyncio.gather(
-        *(
-            teller(c, path, 100 * i + k)
-            for i, (c, path) in enumerate(zip(clients, paths, strict=True))
-            for k in range(args.tellers)
-        )
-    )
-    elapsed = time.perf_counter() - started
-    await fault_task
-    done.set()
-    await reporter
-    say("all transfers submitted; waiting for every client to apply the whole log")
+
+async def _wait_until_applied(clients: list[WaltzClient], partitions: int) -> dict[int, int]:
+    """Each partition's high-water mark, once every client has applied up to it (or a
+    minute has gone by for that client and partition)."""
     hwms = {}
-    for p in range(args.partitions):
+    for p in range(partitions):
         hwms[p] = await clients[0].high_water_mark(p)
         for c in clients:
             deadline = time.monotonic() + 60
             while c.applied_high_water_mark(p) < hwms[p] and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-    applied = [{p: c.applied_high_water_mark(p) for p in hwms} for c in clients]
+    return hwms
+
+
+async def _close(
+    clients: list[WaltzClient], callbacks: list[DatabaseCallbacks], paths: list[bank.BankDb]
+) -> None:
     for c in clients:
         await c.close()
     for cb in callbacks:
         cb.close()
     for path in paths:
         path.close()
-    # A restarted storage node catches up in its next store session.
-    digests = await converged_digests(cluster, hwms)
 
-    balances = [path.balances() for path in paths]
-    rows = [path.applied() for path in paths]
-    stats = [cb.stats for cb in callbacks]
-    deadlocks = _deadlocks(args.database) - deadlocks_before
-    log_length = sum(h + 1 for h in hwms.values())
-    checks = {
-        "every client applied the whole log": all(a == hwms for a in applied),
+
+@dataclass
+class _Outcome:
+    """What the run left behind, for the checks and the report."""
+
+    tally: Tally
+    elapsed: float
+    hwms: dict[int, int]
+    applied: list[dict[int, int]]
+    digests: dict[int, list[str]]
+    balances: list[dict[int, int]]
+    rows: list[list[tuple[int, int]]]
+    stats: list[ApplyStats]
+    deadlocks: int
+
+
+def _checks(args: argparse.Namespace, o: _Outcome) -> dict[str, bool]:
+    """What a person would want checked, by name: True if it holds."""
+    log_length = sum(h + 1 for h in o.hwms.values())
+    balances = o.balances
+    return {
+        "every client applied the whole log": all(a == o.hwms for a in o.applied),
         "each transaction applied exactly once": all(
-            len(r) == len(set(r)) == log_length for r in rows
+            len(r) == len(set(r)) == log_length for r in o.rows
         ),
         "every database identical": all(b == balances[0] for b in balances),
         "no balance negative": all(v >= 0 for v in balances[0].values()),
-        "total conserved": sum(balances[0].values()) == args.accounts * initial,
-        "committed transfers == log length": tally.committed == log_length,
+        "total conserved": sum(balances[0].values()) == args.accounts * INITIAL_BALANCE,
+        "committed transfers == log length": o.tally.committed == log_length,
         "replicas identical": all(
-            len(set(d)) == 1 and "incomplete" not in d for d in digests.values()
+            len(set(d)) == 1 and "incomplete" not in d for d in o.digests.values()
         ),
     }
+
+
+def _print_report(
+    args: argparse.Namespace,
+    cluster: LocalCluster,
+    paths: list[bank.BankDb],
+    o: _Outcome,
+    checks: dict[str, bool],
+) -> None:
+    tally, stats, hwms = o.tally, o.stats, o.hwms
     lat = sorted(tally.latencies)
     p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000 if lat else float("nan")
     print()
@@ -221,7 +309,7 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
     secure = cluster.client_tls is not None and cluster.zk_credential is not None
     print(f"security                  {'mutual TLS, ZooKeeper ACLs' if secure else 'PLAIN TEXT'}")
     print(f"transfers submitted       {tally.submitted}")
-    print(f"committed                 {tally.committed} ({tally.committed / elapsed:.0f} tx/s)")
+    print(f"committed                 {tally.committed} ({tally.committed / o.elapsed:.0f} tx/s)")
     print(f"refused (no funds)        {tally.ignored}")
     print(f"failed                    {tally.failed}")
     print(f"lock rejections retried   {tally.lock_failures}")
@@ -233,7 +321,7 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
         f"{sum(s.already_applied for s in stats)} found applied by another client, "
         f"{sum(s.rolled_back for s in stats)} rolled back, {sum(s.retried for s in stats)} "
         f"run again (serialization or deadlock)"
-        + (f", {deadlocks} deadlocks" if args.database else "")
+        + (f", {o.deadlocks} deadlocks" if args.database else "")
     )
     print(
         f"commit latency p50/p99    {lat[len(lat) // 2] * 1000:.1f} / {p99:.1f} ms"
@@ -241,14 +329,13 @@ async def run_bank(args: argparse.Namespace, cluster: LocalCluster) -> int:
         else "commit latency            n/a"
     )
     for p in sorted(hwms):
-        print(f"partition {p} high-water mark {hwms[p]}; replica SHA-256 {digests.get(p)}")
+        print(f"partition {p} high-water mark {hwms[p]}; replica SHA-256 {o.digests.get(p)}")
     print(
-        f"total balance             {sum(balances[0].values())} "
-        f"(expected {args.accounts * initial})"
+        f"total balance             {sum(o.balances[0].values())} "
+        f"(expected {args.accounts * INITIAL_BALANCE})"
     )
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
-    return 0 if all(checks.values()) else 1
 
 
 def bank_databases(args: argparse.Namespace, data_dir: str) -> list[bank.BankDb]:

@@ -10,6 +10,9 @@ which ships ZooKeeper's server. Java (17 or later) must be installed.
 
 Run ``python -m waltz_client.tools.local.zookeeper --data-dir DIR [--port PORT]`` to serve
 one from a terminal until Ctrl-C.
+
+This module runs the JVM; finding Java and the jars is ``zookeeper_install``, the files
+the server reads ``zookeeper_files``, and talking to it from outside ``zookeeper_probes``.
 """
 
 from __future__ import annotations
@@ -17,24 +20,29 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import glob
-import importlib.util
-import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from types import FrameType, TracebackType
-from typing import IO, Any
+from typing import IO
 
 from waltz_client.runtime.tls import TlsFiles
 from waltz_client.tools.local.processes import wait_until_stopped
+
+from .held_signals import signals_held
+from .zookeeper_files import (
+    log4j2_path,
+    quorum_config,
+    server_config,
+    tls_config,
+    write_config_files,
+)
+from .zookeeper_install import ZooKeeperUnavailable, find_java, find_zookeeper_classpath
+from .zookeeper_probes import four_letter_word, free_port, kazoo_connects, listening
 
 __all__ = [
     "EmbeddedZooKeeper",
@@ -45,146 +53,8 @@ __all__ = [
 
 SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"  # a member of an ensemble
-# The server jar itself (zookeeper-3.9.5.jar), not zookeeper-jute-*.jar.
-_SERVER_JAR_PATTERN = "zookeeper-[0-9]*.jar"
 _LOG_TAIL_LINES = 30
 _PORT_ATTEMPTS = 3  # fresh free ports tried when an automatically picked one is taken
-
-# kazoo logs a harmless "Connection dropped" warning when the readiness probe hangs up.
-_PROBE_LOG = logging.getLogger(__name__ + ".probe")
-if _PROBE_LOG.level == logging.NOTSET:
-    _PROBE_LOG.setLevel(logging.ERROR)
-
-_LOG4J2_PROPERTIES = """\
-# Written by waltz_client.tools.local.zookeeper: the server's log goes to stdout (the log file).
-status = error
-rootLogger.level = {level}
-rootLogger.appenderRef.stdout.ref = stdout
-appender.stdout.type = Console
-appender.stdout.name = stdout
-appender.stdout.target = SYSTEM_OUT
-appender.stdout.layout.type = PatternLayout
-appender.stdout.layout.pattern = %d{{ISO8601}} %-5p [%t] %c{{1}}: %m%n
-"""
-
-
-class ZooKeeperUnavailable(RuntimeError):
-    """ZooKeeper cannot be started here; the message says what is missing and how to get it."""
-
-
-def find_java(java: str | None = None) -> str:
-    """The path of a ``java`` executable: ``java`` if given, else ``$JAVA_HOME/bin/java``,
-    else ``java`` on ``PATH``. Raises :class:`ZooKeeperUnavailable` if there is none."""
-    if java:
-        found = java if os.sep in java else shutil.which(java)
-        if found and _is_executable(found):
-            return found
-        raise ZooKeeperUnavailable(f"java not found or not executable at {java!r}; install Java 17")
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        candidate = os.path.join(java_home, "bin", "java")
-        if _is_executable(candidate):
-            return candidate
-    found = shutil.which("java")
-    if found and _is_executable(found):
-        return found
-    where = f"PATH or JAVA_HOME ({java_home}/bin/java)" if java_home else "PATH or JAVA_HOME"
-    raise ZooKeeperUnavailable(
-        f"java not found on {where}; install Java 17 "
-        "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
-    )
-
-
-def _is_executable(path: str) -> bool:
-    return os.path.isfile(path) and os.access(path, os.X_OK)
-
-
-def find_zookeeper_classpath() -> str:
-    """A Java class path holding ZooKeeper's server: ``$ZOOKEEPER_HOME/lib/*`` and
-    ``$ZOOKEEPER_HOME/*`` if ``ZOOKEEPER_HOME`` is set, else pyspark's ``jars/*``.
-    Raises :class:`ZooKeeperUnavailable` if no ``zookeeper-<version>.jar`` is there."""
-    home = os.environ.get("ZOOKEEPER_HOME")
-    if home:
-        dirs = [d for d in (os.path.join(home, "lib"), home) if os.path.isdir(d)]
-        if not any(glob.glob(os.path.join(d, _SERVER_JAR_PATTERN)) for d in dirs):
-            raise ZooKeeperUnavailable(
-                f"no ZooKeeper jars in ZOOKEEPER_HOME={home} (no lib/zookeeper-<version>.jar): "
-                "point it at an Apache ZooKeeper binary release, or unset it and "
-                "pip install 'waltz[local]' (pyspark ships the jars)"
-            )
-        return os.pathsep.join(os.path.join(d, "*") for d in dirs)
-
-    jars = _pyspark_jars_dir()
-    if jars is None:
-        raise ZooKeeperUnavailable(
-            "no ZooKeeper jars: pip install 'waltz[local]' (pyspark ships them) "
-            "or set ZOOKEEPER_HOME to an Apache ZooKeeper binary release"
-        )
-    if not glob.glob(os.path.join(jars, _SERVER_JAR_PATTERN)):
-        raise ZooKeeperUnavailable(
-            f"no ZooKeeper jars: {jars} has no zookeeper-<version>.jar (pyspark-client and "
-            "pyspark-connect ship no jars); pip install 'waltz[local]' for the full pyspark, "
-            "or set ZOOKEEPER_HOME to an Apache ZooKeeper binary release"
-        )
-    return os.path.join(jars, "*")
-
-
-def _pyspark_jars_dir() -> str | None:
-    """pyspark's ``jars`` directory, found without importing pyspark."""
-    try:
-        spec = importlib.util.find_spec("pyspark")
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if spec.submodule_search_locations:
-        base = next(iter(spec.submodule_search_locations))
-    elif spec.origin:
-        base = os.path.dirname(spec.origin)
-    else:
-        return None
-    return os.path.join(base, "jars")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _listening(host: str, port: int, timeout: float = 0.2) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def four_letter_word(host: str, port: int, command: str, timeout: float = 1.0) -> str | None:
-    """Send a ZooKeeper four-letter-word command (``ruok``, ``srvr``, ...); the reply, or
-    None if the server did not answer within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(command.encode("ascii"))
-            chunks: list[bytes] = []
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                sock.settimeout(remaining)
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    except OSError:
-        return None
-    return b"".join(chunks).decode("utf-8", "replace")
-
 
 _RUNNING: weakref.WeakSet[EmbeddedZooKeeper] = weakref.WeakSet()
 
@@ -251,7 +121,7 @@ class EmbeddedZooKeeper:
     def port(self) -> int:
         """The client port (picked now if it was 0 and no start has picked it yet)."""
         if self._port == 0:
-            self._port = _free_port(self.host)
+            self._port = free_port(self.host)
         return self._port
 
     @property
@@ -261,14 +131,20 @@ class EmbeddedZooKeeper:
         return f"{host}:{self.port}"
 
     @property
-    def secure_connect_string(self) -> str:
-        """``host:port`` of the TLS client port (``tls`` given)."""
+    def secure_port(self) -> int:
+        """The TLS client port (``tls`` given; picked now if no start has picked it yet)."""
         if self.tls is None:
             raise ZooKeeperUnavailable("this ZooKeeper serves no TLS port (no tls given)")
         if self._secure_port == 0:
-            self._secure_port = _free_port(self.host)
+            self._secure_port = free_port(self.host)
+        return self._secure_port
+
+    @property
+    def secure_connect_string(self) -> str:
+        """``host:port`` of the TLS client port (``tls`` given)."""
+        secure_port = self.secure_port
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self._secure_port}"
+        return f"{host}:{secure_port}"
 
     @property
     def pid(self) -> int | None:
@@ -299,7 +175,7 @@ class EmbeddedZooKeeper:
             "-Djava.awt.headless=true",
             "-Dzookeeper.admin.enableServer=false",
             "-Dzookeeper.jmx.log4j.disable=true",
-            f"-Dlog4j2.configurationFile={os.path.join(self.data_dir, 'log4j2.properties')}",
+            f"-Dlog4j2.configurationFile={log4j2_path(self.data_dir)}",
             "-cp",
             classpath,
             SERVER_MAIN if self.quorum is None else QUORUM_MAIN,
@@ -326,7 +202,7 @@ class EmbeddedZooKeeper:
         # another one if something else turns out to hold it.
         attempts = _PORT_ATTEMPTS if self._auto_port and not self._started_once else 1
         for attempt in range(1, attempts + 1):
-            if _listening(self.host, self.port):
+            if listening(self.host, self.port):
                 if attempt < attempts:
                     self._port = 0
                     continue
@@ -356,7 +232,7 @@ class EmbeddedZooKeeper:
         self._log_offset = log.tell()
         try:
             # Until the child is recorded, an interrupt would leave a JVM nothing knows of.
-            with _signals_held():
+            with signals_held():
                 try:
                     self._proc = subprocess.Popen(
                         self.command_line(java, classpath),
@@ -405,34 +281,14 @@ class EmbeddedZooKeeper:
                     f"ZooKeeper did not become ready on {self.connect_string} within "
                     f"{timeout:g} s" + self._log_tail_text()
                 )
-            if self.ruok(timeout=min(1.0, remaining)) and self._kazoo_connects(
-                deadline - time.monotonic()
+            if self.ruok(timeout=min(1.0, remaining)) and kazoo_connects(
+                self.connect_string, deadline - time.monotonic()
             ):
                 # It might still be another server answering: make sure ours is alive.
                 if self._proc.poll() is None:
                     return
                 continue
             time.sleep(0.1)
-
-    def _kazoo_connects(self, timeout: float) -> bool:
-        if timeout <= 0:
-            return False
-        from kazoo.client import KazooClient
-        from kazoo.exceptions import KazooException
-        from kazoo.handlers.threading import KazooTimeoutError
-
-        client = KazooClient(hosts=self.connect_string, timeout=10.0, logger=_PROBE_LOG)
-        try:
-            client.start(timeout=timeout)
-            client.get("/")
-            return True
-        except (KazooTimeoutError, KazooException):
-            return False
-        finally:
-            with contextlib.suppress(Exception):
-                client.stop()
-            with contextlib.suppress(Exception):
-                client.close()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``timeout`` seconds) and wait
@@ -506,57 +362,12 @@ class EmbeddedZooKeeper:
     # -- helpers -------------------------------------------------------------
 
     def _write_config(self) -> None:
-        config = {
-            "tickTime": "2000",
-            "dataDir": self.data_dir,
-            "clientPort": str(self.port),
-            "clientPortAddress": self.host,
-            "maxClientCnxns": "0",
-            "minSessionTimeout": "2000",
-            "maxSessionTimeout": "60000",
-            "admin.enableServer": "false",
-            "4lw.commands.whitelist": "ruok,srvr,stat,mntr",
-            "autopurge.snapRetainCount": "3",
-            "autopurge.purgeInterval": "1",
-        }
+        config = server_config(self.data_dir, self.host, self.port)
         if self.tls is not None:
-            config.update(self._tls_config())
+            config.update(tls_config(self.data_dir, self.host, self.secure_port, self.tls))
         if self.quorum is not None:
-            # Ticks a follower may take to connect and sync, and to stay in sync.
-            config.update({"initLimit": "10", "syncLimit": "5"})
-            config.update({f"server.{i}": address for i, address in sorted(self.quorum.items())})
-            _write_file(os.path.join(self.data_dir, "myid"), f"{self.server_id}\n")
-        text = "# Written by waltz_client.tools.local.zookeeper on each start.\n" + "".join(
-            f"{key}={value}\n" for key, value in config.items()
-        )
-        _write_file(self.config_path, text)
-        _write_file(
-            os.path.join(self.data_dir, "log4j2.properties"),
-            _LOG4J2_PROPERTIES.format(level=self.log_level),
-        )
-
-    def _tls_config(self) -> dict[str, str]:
-        """A secure client port on Netty, with PEM files: the key and certificate in one
-        key store file, the CA as the trust store; clients must present a certificate."""
-        assert self.tls is not None and self.tls.cert and self.tls.key and self.tls.ca
-        keystore = os.path.join(self.data_dir, "tls-keystore.pem")
-        with open(self.tls.key, "rb") as k, open(self.tls.cert) as c:
-            pem = _pkcs8(k.read()) + c.read()
-        fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(pem)
-        return {
-            "serverCnxnFactory": "org.apache.zookeeper.server.NettyServerCnxnFactory",
-            "secureClientPort": self.secure_connect_string.rsplit(":", 1)[1],
-            "secureClientPortAddress": self.host,
-            "ssl.keyStore.location": keystore,
-            "ssl.keyStore.type": "PEM",
-            "ssl.trustStore.location": self.tls.ca,
-            "ssl.trustStore.type": "PEM",
-            "ssl.clientAuth": "need",
-            # Clients are identified by certificate, not by the address they dial from.
-            "ssl.clientHostnameVerification": "false",
-        }
+            config.update(quorum_config(self.data_dir, self.server_id, self.quorum))
+        write_config_files(self.data_dir, self.config_path, config, self.log_level)
 
     def _signal(self, signum: int) -> None:
         assert self._proc is not None
@@ -594,52 +405,6 @@ class EmbeddedZooKeeper:
 
 class _PortTaken(Exception):
     """The server could not bind its port."""
-
-
-_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Run SIGINT and SIGTERM's Python handlers only once the block is over (at its end,
-    in arrival order), so that they cannot interrupt it halfway. Only the main thread
-    runs Python signal handlers; elsewhere, and for SIG_IGN or SIG_DFL, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    held: dict[int, Callable[[int, FrameType | None], Any]] = {}
-    for signum in _HELD_SIGNALS:
-        handler = signal.getsignal(signum)
-        if callable(handler):
-            held[signum] = handler
-            signal.signal(signum, lambda s, _frame: pending.append(s))
-    try:
-        yield
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-        for signum in pending:
-            held[signum](signum, None)  # may raise (KeyboardInterrupt): the caller cleans up
-
-
-def _pkcs8(key_pem: bytes) -> str:
-    """ZooKeeper's PEM key store reads PKCS#8 keys only ("BEGIN PRIVATE KEY")."""
-    from cryptography.hazmat.primitives import serialization  # with trustme: `local` extra
-
-    key = serialization.load_pem_private_key(key_pem, password=None)
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-
-
-def _write_file(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # -- command line --------------------------------------------------------------
