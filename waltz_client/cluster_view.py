@@ -17,6 +17,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
+from waltz_client.runtime.tasks import wait_for
+
 from .cluster.admin import new_client_id, read_params
 from .cluster.metadata import ClusterParams, MetadataError, Ownership, ServerRegistration
 from .cluster.paths import ClusterPaths
@@ -111,7 +113,7 @@ class ClusterView:
         """Wait for the next change (or ``timeout`` seconds)."""
         self._changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            await wait_for(self._changed.wait(), timeout)
 
     # --- kazoo thread -> loop -----------------------------------------------------------
 

@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from waltz_client.runtime.tasks import wait_for
+
 from .append import append_request
 from .callbacks import WaltzClientCallbacks
 from .client_partition import ClientPartition, Reaction, Row
@@ -169,7 +171,7 @@ class PartitionDriver(Generic[S]):
                 self.mount_answer = asyncio.get_running_loop().create_future()
                 self.remount.clear()
                 conn.send(MountRequest(q, hwm, link.stream_seq))
-                status = await asyncio.wait_for(self.mount_answer, ctx.config.mount_timeout)
+                status = await wait_for(self.mount_answer, ctx.config.mount_timeout)
             except (Forbidden, MissingTransactions) as e:
                 step = core.mount_failed(e)
                 if core.refusal is e:
@@ -236,7 +238,7 @@ class PartitionDriver(Generic[S]):
         ):
             self.applied_changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.applied_changed.wait(), 1.0)
+                await wait_for(self.applied_changed.wait(), 1.0)
 
     async def flush(self) -> int | None:
         """Send a Flush under the current mount and wait for its answer (its high-water
@@ -253,7 +255,7 @@ class PartitionDriver(Generic[S]):
         core.flush_sent(q)
         try:
             link.stream.send(FlushRequest(q))
-            return await asyncio.wait_for(future, self.context.config.request_timeout)
+            return await wait_for(future, self.context.config.request_timeout)
         except (ConnectionError, TimeoutError, WaltzError):
             core.flush_abandoned(q)
             self.flush_answers.pop(q, None)

@@ -8,6 +8,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from waltz_client.runtime.tasks import wait_for
+
 from .runtime.tasks import spawn
 from .wire.client_messages import ClientMessage
 from .wire.framing import OpenConnection
@@ -82,7 +84,7 @@ class ServerLink:
         self.rpc_waiters[message.req_id] = future
         try:
             conn.send(message)
-            return await asyncio.wait_for(future, timeout)
+            return await wait_for(future, timeout)
         finally:
             self.rpc_waiters.pop(message.req_id, None)
 

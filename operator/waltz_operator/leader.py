@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from waltz_client.runtime.tasks import wait_for
+
 from .kube import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
@@ -174,9 +176,7 @@ class LeaderElector:
         while True:
             await asyncio.sleep(self.retry_period)
             try:
-                renewed = await asyncio.wait_for(
-                    self.try_acquire_or_renew(), timeout=self.renew_deadline
-                )
+                renewed = await wait_for(self.try_acquire_or_renew(), timeout=self.renew_deadline)
             except Exception as e:
                 log.warning("lease %s/%s: renewal failed: %s", self.namespace, self.name, e)
                 renewed = False

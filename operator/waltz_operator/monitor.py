@@ -27,6 +27,7 @@ from waltz_client.cluster.admin import ClusterState, read_cluster
 from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import describe
 
 from .observe import ClusterView, ServerPartition, combine, parse_server_metrics
@@ -168,7 +169,7 @@ class ClusterMonitor:
                     self._read_done = self._reads
                     self._updated.notify_all()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=pause)
+                    await wait_for(self._changed.wait(), timeout=pause)
 
     def _exclusive(self, work: Callable[[], T]) -> T:
         """In a worker thread: ``work``, while close() waits for it."""

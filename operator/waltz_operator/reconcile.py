@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import describe
 
 from .bootstrap import cluster_name
@@ -107,7 +108,7 @@ class Reconciler:
         if not self._closing:
             self._closing = True
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._quiesce(), grace)
+                await wait_for(self._quiesce(), grace)
         await self.connections.close()
 
     async def _quiesce(self) -> None:

@@ -21,6 +21,7 @@ from kazoo.client import KazooClient
 
 from waltz_client.cluster import admin
 from waltz_client.cluster.errors import ClusterError
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import describe
 
 from .bootstrap import cluster_name
@@ -46,7 +47,7 @@ async def tear_down(
             )
         ]
     try:
-        await asyncio.wait_for(_delete_everything(kube, zookeeper, spec), timeout)
+        await wait_for(_delete_everything(kube, zookeeper, spec), timeout)
     except Exception as e:  # a timeout, the API, ZooKeeper: give up, say so
         why = f"timed out after {timeout:g} s" if isinstance(e, TimeoutError) else describe(e)
         return [

@@ -109,7 +109,8 @@ class ServerConnection:
             conn.protocol_version = reply.version
             return conn
 
-        return await asyncio.wait_for(dial(), timeout)
+        async with asyncio.timeout(timeout):
+            return await dial()
 
     @property
     def closed(self) -> bool:

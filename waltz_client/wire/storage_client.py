@@ -157,7 +157,8 @@ class StorageClient:
                 )
             return cls(writer, reply.version, max_frame_bytes, limits, corked)
 
-        return await asyncio.wait_for(dial(), timeout)
+        async with asyncio.timeout(timeout):
+            return await dial()
 
     @property
     def closed(self) -> bool:

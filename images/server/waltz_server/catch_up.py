@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import describe
 from waltz_client.wire.framing import OpenConnection
 from waltz_client.wire.records import RecordBatch
@@ -146,7 +147,7 @@ class CatchUp:
             host, int(port), timeout=self._timeout, open_connection=self._open_connection
         )
         try:
-            await asyncio.wait_for(client.open(self._key, self._num_partitions), self._timeout)
+            await wait_for(client.open(self._key, self._num_partitions), self._timeout)
         except BaseException:
             await client.close()
             raise
@@ -193,7 +194,7 @@ class CatchUp:
             if count == 0:
                 await asyncio.sleep(0.05)  # nothing new committed yet
                 continue
-            batch = await asyncio.wait_for(source.records(s, p, next_txid, count), self._timeout)
+            batch = await wait_for(source.records(s, p, next_txid, count), self._timeout)
             if not len(batch) or batch.first_txid != next_txid:
                 raise CatchUpFailed(f"the source returned {batch!r} for {next_txid}")
             next_txid = batch.last_txid + 1  # a short answer (a size limit) is fine
@@ -227,7 +228,7 @@ class CatchUp:
                 return
             if in_flight and (len(in_flight) >= cfg.depth or batches.empty()):
                 last, future = in_flight.popleft()
-                _check(await asyncio.wait_for(future, self._timeout))
+                _check(await wait_for(future, self._timeout))
                 self.progress.copied += last - self.progress.copied_through
                 self.progress.copied_through = last
                 if loop.time() - marked_at >= cfg.mark_interval:
@@ -235,7 +236,7 @@ class CatchUp:
                     marked_at = loop.time()
                 continue
             try:
-                batch = await asyncio.wait_for(batches.get(), 0.1)
+                batch = await wait_for(batches.get(), 0.1)
             except TimeoutError:
                 continue
             wait = bucket.delay(len(batch.buf), loop.time())
@@ -247,7 +248,7 @@ class CatchUp:
     async def _mark(self, target: StorageClient) -> None:
         """The copy so far is a committed prefix: say so durably (the next recovery keeps
         it)."""
-        await asyncio.wait_for(
+        await wait_for(
             target.set_low_water_mark(
                 self.session_id, self.partition_id, self.progress.copied_through
             ),

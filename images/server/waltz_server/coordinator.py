@@ -38,6 +38,7 @@ from waltz_client.cluster.metadata import (
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.retention import RetentionPolicy
 from waltz_client.cluster.zk import close, connect
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.runtime.tls import TlsFiles
 
 from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay
@@ -317,7 +318,7 @@ class ServerCoordinator:
                     "rebalancing partitions failed (%s); retrying in %g s", _describe(e), delay
                 )
                 try:
-                    await asyncio.wait_for(self._rebalance_wanted.wait(), delay)
+                    await wait_for(self._rebalance_wanted.wait(), delay)
                     failures = 0  # superseded by a newer request: start the backoff over
                 except TimeoutError:
                     self._rebalance_wanted.set()

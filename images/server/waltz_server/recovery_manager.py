@@ -23,6 +23,7 @@ from kazoo.exceptions import KazooException
 
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.replica_safety import writing_session
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import ProtocolError, describe
 from waltz_client.wire.framing import OpenConnection
 from waltz_client.wire.records import RecordBatch
@@ -159,7 +160,7 @@ async def _new_session_id(ctx: RecoveryContext) -> tuple[PartitionMetadata, int]
 async def _timed(ctx: RecoveryContext, call: Awaitable[T]) -> T:
     """A storage call that must answer within the storage timeout (a paused node would
     otherwise hold recovery forever)."""
-    return await asyncio.wait_for(call, ctx.connect_timeout)
+    return await wait_for(call, ctx.connect_timeout)
 
 
 async def _connect(

@@ -26,6 +26,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.framing import OpenConnection
 from waltz_client.wire.storage_client import StorageClient
 
@@ -128,7 +129,7 @@ async def _connect(key: PoolKey, timeout: float, open_connection: OpenConnection
         host, int(port), timeout=timeout, open_connection=open_connection, corked=True
     )
     try:
-        await asyncio.wait_for(client.open(key.cluster_key, key.num_partitions), timeout)
+        await wait_for(client.open(key.cluster_key, key.num_partitions), timeout)
     except BaseException:
         await client.close()
         raise

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import describe
 from waltz_client.wire.records import CRC, WIRE_RECORD_HEAD, RecordBatch, UncheckedRecords
 
@@ -43,7 +44,7 @@ class ReadSource(Protocol):
 async def _within_timeout(source: ReadSource, call: Awaitable[T]) -> T:
     timeout = source.context.connect_timeout
     try:
-        return await asyncio.wait_for(call, timeout)
+        return await wait_for(call, timeout)
     except TimeoutError:
         raise TimeoutError(
             f"partition {source.partition_id}: a storage read took more than {timeout:g} s"

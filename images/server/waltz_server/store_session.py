@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import describe
 from waltz_client.wire.framing import frame_parts
 from waltz_client.wire.records import RecordBatch
@@ -245,7 +246,7 @@ class StoreSession:
                 return
             self._committed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._committed.wait(), remaining)
+                await wait_for(self._committed.wait(), remaining)
 
     async def ping(self, timeout: float) -> None:
         """An idle session's check that every member still answers (a cheap Max
@@ -257,7 +258,7 @@ class StoreSession:
 
         async def one(member: Member) -> None:
             try:
-                await asyncio.wait_for(
+                await wait_for(
                     member.client.max_transaction_id(self.session_id, self.partition_id),
                     timeout,
                 )

@@ -21,6 +21,7 @@ from waltz_client.client import SubmitStatus, WaltzClient
 from waltz_client.cluster.errors import ClusterError
 from waltz_client.config import WaltzClientConfig, WaltzConfigError
 from waltz_client.runtime import event_loop
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.runtime.tls import TlsFiles
 from waltz_client.transaction import Lock, Transaction, TransactionBuilder, TransactionContext
 
@@ -157,7 +158,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("waltz check: error: --transactions must be at least 1", file=sys.stderr)
         return 2
     try:
-        problems = event_loop.run(asyncio.wait_for(_check(args), args.timeout))
+        problems = event_loop.run(wait_for(_check(args), args.timeout))
     except (WaltzConfigError, ValueError, ClusterError) as e:
         print(f"waltz check: error: {e}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from waltz_client.cluster.retention import RetentionRule
 from waltz_client.cluster.zk import close
 from waltz_client.config import WaltzClientConfig
 from waltz_client.runtime import event_loop
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.tools.local.cluster import LocalCluster
 
 from .common import Put, open_loop
@@ -191,7 +192,7 @@ def _producer(
 async def _stop_clients(running: _Clients, producing: asyncio.Task[None], say: Say) -> None:
     running.stop.set()
     try:
-        await asyncio.wait_for(producing, 30)
+        await wait_for(producing, 30)
     except TimeoutError:
         say("the producer's last submissions did not finish within 30 s")
     for t in running.tasks:
@@ -303,7 +304,7 @@ class _Sampler:
         hwms: dict[int, int] = {}
         for p in range(self.partitions):
             with contextlib.suppress(WaltzError, TimeoutError):
-                hwms[p] = await asyncio.wait_for(self.producer.high_water_mark(p), 10)
+                hwms[p] = await wait_for(self.producer.high_water_mark(p), 10)
         return hwms
 
     def _record(

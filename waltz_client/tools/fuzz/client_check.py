@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.runtime.tls import TlsFiles
 from waltz_client.wire.errors import describe
 
@@ -91,6 +92,6 @@ async def check_client(
             return ClientCheck(True, transactions, read, f"on {n} partitions")
 
     try:
-        return await asyncio.wait_for(run(), 2 * timeout)  # reads have their own timeouts
+        return await wait_for(run(), 2 * timeout)  # reads have their own timeouts
     except Exception as e:  # the check's verdict, whatever broke
         return ClientCheck(False, 0, 0, f"{type(e).__name__}: {describe(e)}")

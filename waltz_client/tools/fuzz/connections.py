@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.runtime.tls import TlsFiles, build_context
 from waltz_client.wire.client_messages import HighWaterMarkRequest
 from waltz_client.wire.framing import HANDSHAKE_BYTES, MAGIC
@@ -134,7 +135,7 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
 
 async def _send(writer: asyncio.StreamWriter, data: bytes) -> None:
     writer.write(data)
-    await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+    await wait_for(writer.drain(), WRITE_TIMEOUT)
 
 
 def _dial(host: str, port: int, plan: ConnectionPlan, tls: TlsDial | None) -> Any:
@@ -154,7 +155,7 @@ async def run_connection(
 ) -> None:
     """Send one plan; count what happened. Never raises for what the daemon does."""
     try:
-        reader, writer = await asyncio.wait_for(_dial(host, port, plan, tls), CONNECT_TIMEOUT)
+        reader, writer = await wait_for(_dial(host, port, plan, tls), CONNECT_TIMEOUT)
     except (OSError, TimeoutError, ssl.SSLError):  # ssl.SSLError: the handshake refused
         stats.refused += 1
         stats.unsent += len(plan.frames)
@@ -168,10 +169,10 @@ async def run_connection(
         rest = plan.stream
         if plan.await_replies:
             await _send(writer, plan.hello)
-            await asyncio.wait_for(reader.readexactly(HANDSHAKE_BYTES), PROBE_TIMEOUT)
+            await wait_for(reader.readexactly(HANDSHAKE_BYTES), PROBE_TIMEOUT)
             if plan.open_frame:
                 await _send(writer, plan.open_frame)
-                await asyncio.wait_for(_read_frame(reader), PROBE_TIMEOUT)
+                await wait_for(_read_frame(reader), PROBE_TIMEOUT)
             rest = b"".join(plan.frames)
         sink = asyncio.ensure_future(_discard(reader, stats))
         if plan.fragment:  # the hello and the first frame's head a few bytes at a time
@@ -184,7 +185,7 @@ async def run_connection(
         if plan.ending == "eof":
             writer.write_eof()
             try:
-                await asyncio.wait_for(asyncio.shield(sink), reply_timeout)
+                await wait_for(asyncio.shield(sink), reply_timeout)
             except TimeoutError:
                 stats.close_timeouts += 1
         elif plan.ending == "linger":
@@ -247,7 +248,7 @@ async def probe(
         finally:
             writer.transport.abort()
 
-    await asyncio.wait_for(exchange(), timeout)
+    await wait_for(exchange(), timeout)
     return time.perf_counter() - started
 
 
@@ -297,7 +298,7 @@ async def fuzz_target(
         failures = 0
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), probe_interval)
+                await wait_for(done.wait(), probe_interval)
             if done.is_set():
                 return
             if endpoint.is_alive() is False:

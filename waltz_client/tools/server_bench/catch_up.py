@@ -24,6 +24,7 @@ import time
 from waltz_client.cluster.admin import assign_partitions, read_assignment
 from waltz_client.cluster.zk import close, connect
 from waltz_client.runtime import event_loop
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.wire.client_messages import (
     AppendRequest,
@@ -93,7 +94,7 @@ class _Producer:
     async def mount(self, port: int) -> None:
         self.conn = await ServerConnection.connect("127.0.0.1", port, on_message=self.on_message)
         self.conn.send(MountRequest(ReqId(self.client_id, self.generation, 0, 0), -1, 1))
-        if (await asyncio.wait_for(self.mounted, 60)).status != MountStatus.READY:
+        if (await wait_for(self.mounted, 60)).status != MountStatus.READY:
             raise RuntimeError("partition 0 did not mount")
 
     def send(self, payload: bytes) -> None:
@@ -120,7 +121,7 @@ class _Producer:
     async def settle(self) -> None:
         while self.sent_at:
             self.room.clear()
-            await asyncio.wait_for(self.room.wait(), 120)
+            await wait_for(self.room.wait(), 120)
 
     async def open_loop(self, rate: float, payload: bytes, until: asyncio.Event) -> None:
         """A transaction due every 1/rate s, until ``until`` is set."""

@@ -19,6 +19,7 @@ import tempfile
 import time
 
 from waltz_client.runtime import event_loop
+from waltz_client.runtime.tasks import wait_for
 from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.wire.client_messages import (
     AppendRequest,
@@ -97,7 +98,7 @@ class _BenchClient:
                 await conn.drain()
         while self.sent_at:
             self.room.clear()
-            await asyncio.wait_for(self.room.wait(), 60)
+            await wait_for(self.room.wait(), 60)
         await conn.close()
 
 
