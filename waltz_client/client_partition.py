@@ -6,7 +6,7 @@ the Mount's answer is settled by it, appends go out again). ``ClientPartition`` 
 what that takes: the mount's phase and request, the last transaction delivered (the
 applied high-water mark), the appends awaiting their fate (the transaction monitor),
 the Flushes under way, and why the last mount was refused. It decides, message by
-message from the partition's stream: which feed rows are next, seen before or a gap;
+message from the partition's stream: which feed rows to deliver, seen before or a gap;
 which appends a Mount, Flush, feed row, Lock Failure or refusal settles; when to mount
 again; and, after each mount attempt, how long to wait before the next.
 
@@ -18,7 +18,7 @@ opaque items chosen by the caller.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, TypeVar
@@ -55,12 +55,16 @@ class MountPhase(Enum):
     MOUNTED = "mounted"  # answered READY: the feed flows, appends may go out
 
 
-class Row(Enum):
-    """Where a feed row's transaction ID stands against the applied high-water mark."""
+@dataclass(frozen=True, slots=True)
+class FeedSpan:
+    """Which rows of a feed message to deliver: ``rows[start:stop]``, each the one after
+    the row before it. The rows before ``start`` were delivered before (an overlap at a
+    mount's start). ``gap``: the transaction ID found at ``stop`` where the next was due
+    (transactions are missing: mount again); None when the message ends at ``stop``."""
 
-    SEEN = "seen"  # at or below it: delivered before (an overlap at a mount's start)
-    NEXT = "next"  # right after it: deliver it
-    GAP = "gap"  # beyond the next: transactions are missing, mount again
+    start: int
+    stop: int
+    gap: int | None
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,10 @@ class ClientPartition(Generic[T]):
         self.broken_mount: ReqId | None = None
         self.applied = -1  # the last transaction ID delivered (and applied, when applying)
         self.monitor: TransactionMonitor[T] = TransactionMonitor()
+        # A feed row: ``req_id`` committed as ``transaction_id``; it returns the appends of
+        # this client it settles (that one, and every one sent before it). The monitor's
+        # method itself: a layer between costs a call on every feed row.
+        self.commit_seen: Callable[[ReqId, int], list[Resolution[T]]] = self.monitor.committed
         # Why the last mount was refused (FORBIDDEN, TRUNCATED); None once one succeeds.
         self.refusal: WaltzError | None = None
         self.backoff = Backoff(first_backoff)  # between mount attempts
@@ -185,15 +193,20 @@ class ClientPartition(Generic[T]):
         an application failure)."""
         return req_id == self.mount_req and req_id != self.broken_mount
 
-    def row(self, transaction_id: int) -> Row:
-        if transaction_id <= self.applied:
-            return Row.SEEN
-        return Row.NEXT if transaction_id == self.applied + 1 else Row.GAP
-
-    def commit_seen(self, req_id: ReqId, transaction_id: int) -> list[Resolution[T]]:
-        """A feed row: ``req_id`` committed as ``transaction_id``; with it, this client's
-        appends it settles (it, and every one sent before it)."""
-        return self.monitor.committed(req_id, transaction_id)
+    def deliverable(self, rows: Sequence[FeedRow]) -> FeedSpan:
+        """The rows of a feed message to deliver, judged once for the message against the
+        applied mark (a catching-up consumer takes hundreds of thousands of rows a
+        second: no call per row). A row that goes back after the first delivered one is
+        a gap too: the server broke the order."""
+        applied, count = self.applied, len(rows)
+        start = 0
+        while start < count and rows[start][0] <= applied:
+            start += 1
+        stop, expected = start, applied + 1
+        while stop < count and rows[stop][0] == expected:
+            stop += 1
+            expected += 1
+        return FeedSpan(start, stop, rows[stop][0] if stop < count else None)
 
     def delivered(self, transaction_id: int) -> None:
         """The application applied the transaction (or nobody applies this partition)."""
@@ -210,26 +223,25 @@ class ClientPartition(Generic[T]):
         return True
 
     def take_feed(
-        self, feed_req_id: ReqId, rows: Iterable[FeedRow], own_client_id: int
+        self, feed_req_id: ReqId, rows: Sequence[FeedRow], own_client_id: int
     ) -> FeedTaken[T]:
         """A whole feed message of a partition nobody applies: it only moves the mark and
         settles this client's appends (every ReqId it sends carries ``own_client_id``)."""
         taken: FeedTaken[T] = FeedTaken()
         if not self.is_current_feed(feed_req_id):
             return taken  # an older mount's feed
-        applied = self.applied
+        span = self.deliverable(rows)
         monitor = self.monitor
-        for txid, client_id, generation, partition_id, seq, _ in rows:
-            if txid <= applied:
-                continue
-            if txid != applied + 1:
-                taken.gap = txid
-                self.feed_stopped(feed_req_id)
-                break
-            applied = self.applied = txid
-            if client_id == own_client_id and monitor:
-                req_id = ReqId(client_id, generation, partition_id, seq)
-                taken.settled += monitor.committed(req_id, txid)
+        if monitor:
+            for txid, client_id, generation, partition_id, seq, _ in rows[span.start : span.stop]:
+                if client_id == own_client_id:
+                    req_id = ReqId(client_id, generation, partition_id, seq)
+                    taken.settled += monitor.committed(req_id, txid)
+        if span.stop > span.start:
+            self.applied = rows[span.stop - 1][0]
+        if span.gap is not None:
+            taken.gap = span.gap
+            self.feed_stopped(feed_req_id)
         return taken
 
     # --- flushes ------------------------------------------------------------------------

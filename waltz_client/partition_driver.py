@@ -23,7 +23,7 @@ from waltz_client.runtime.tasks import wait_for
 
 from .append import append_request
 from .callbacks import WaltzClientCallbacks
-from .client_partition import ClientPartition, Reaction, Row
+from .client_partition import ClientPartition, Reaction
 from .cluster_view import ClusterView
 from .config import WaltzClientConfig
 from .errors import Forbidden, MissingTransactions, WaltzError
@@ -397,21 +397,16 @@ class PartitionDriver(Generic[S]):
             return
         # Per row: the loop's lookups are made once (a catching-up consumer takes hundreds
         # of thousands of rows a second through here).
-        row_of, seen, gap = core.row, Row.SEEN, Row.GAP
         commit_seen, delivered = core.commit_seen, core.delivered
         call, apply = ctx.call, callbacks.apply_transaction
-        transaction, applied_changed = self._transaction, self.applied_changed
-        for txid, client_id, generation, partition_id, seq, header in m.rows:
-            row = row_of(txid)
-            if row is seen:
-                continue  # delivered before this mount's starting point
-            if row is gap:
-                core.feed_stopped(m.req_id)
-                self._feed_gap(txid)
-                return
+        applied_changed = self.applied_changed
+        p, fetch, loop = core.partition_id, ctx.transaction_data, asyncio.get_running_loop()
+        rows = m.rows
+        span = core.deliverable(rows)
+        for txid, client_id, generation, partition_id, seq, header in rows[span.start : span.stop]:
             q = ReqId(client_id, generation, partition_id, seq)
             resolutions = commit_seen(q, txid)
-            txn = transaction(txid, header, q)
+            txn = _transaction(loop, fetch, p, txid, header, q)
             try:
                 await call(apply, txn)
             except Exception as e:
@@ -431,17 +426,26 @@ class PartitionDriver(Generic[S]):
             applied_changed.set()
             if resolutions:
                 _resolve(resolutions)
+        if span.gap is not None:
+            core.feed_stopped(m.req_id)
+            self._feed_gap(span.gap)
 
-    def _transaction(self, txid: int, header: int, req_id: ReqId) -> Transaction:
-        p = self.core.partition_id
-        transaction_data = self.context.transaction_data
-        loop = asyncio.get_running_loop()
 
-        def blocking() -> bytes:
-            future = asyncio.run_coroutine_threadsafe(transaction_data(p, txid), loop)
-            return future.result()
+def _transaction(
+    loop: asyncio.AbstractEventLoop,
+    fetch: Callable[[int, int], Coroutine[Any, Any, bytes]],
+    p: int,
+    txid: int,
+    header: int,
+    req_id: ReqId,
+) -> Transaction:
+    """A feed row as the application gets it: its data fetched on first use, from the
+    loop or (``data_blocking``) from a worker thread."""
 
-        return Transaction(txid, p, header, req_id, lambda: transaction_data(p, txid), blocking)
+    def blocking() -> bytes:
+        return asyncio.run_coroutine_threadsafe(fetch(p, txid), loop).result()
+
+    return Transaction(txid, p, header, req_id, lambda: fetch(p, txid), blocking)
 
 
 def _resolve(resolutions: list[Resolution[S]]) -> None:

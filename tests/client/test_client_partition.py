@@ -13,9 +13,9 @@ from waltz_client.client_partition import (
     MAX_OWNER_WAIT,
     REFUSED_MOUNT_PAUSE,
     ClientPartition,
+    FeedSpan,
     MountNext,
     MountPhase,
-    Row,
 )
 from waltz_client.errors import Forbidden, MissingTransactions, Unauthorized, WaltzError
 from waltz_client.monitor import Outcome
@@ -233,11 +233,20 @@ def test_start_marks() -> None:
 # --- the feed ---------------------------------------------------------------------------
 
 
-def test_rows_are_seen_next_or_a_gap() -> None:
+def feed(*txids: int) -> list[tuple[int, int, int, int, int, int]]:
+    return [(t, OTHER, 0, 0, t, 0) for t in txids]
+
+
+def test_a_feed_message_is_seen_before_then_delivered_in_order_up_to_a_gap() -> None:
     core = mounted()
     core.delivered(0)
     core.delivered(1)
-    assert [core.row(t) for t in (0, 1, 2, 3)] == [Row.SEEN, Row.SEEN, Row.NEXT, Row.GAP]
+    assert core.deliverable(feed(0, 1, 2, 3)) == FeedSpan(2, 4, None)
+    assert core.deliverable(feed(2, 3, 5, 6)) == FeedSpan(0, 2, 5)
+    assert core.deliverable(feed(0, 1)) == FeedSpan(2, 2, None)  # all seen before
+    assert core.deliverable(feed(4, 5)) == FeedSpan(0, 0, 4)  # a gap at once
+    assert core.deliverable(feed(2, 1)) == FeedSpan(0, 1, 1)  # going back breaks the order
+    assert core.deliverable([]) == FeedSpan(0, 0, None)
 
 
 def test_a_commit_settles_it_and_everything_sent_before() -> None:

@@ -22,7 +22,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from waltz_client.client_partition import ClientPartition, MountPhase, Row
+from waltz_client.client_partition import ClientPartition, MountPhase
 from waltz_client.monitor import Outcome, Resolution
 from waltz_client.wire.client_messages import (
     FlushResponse,
@@ -82,14 +82,10 @@ class ClientAgainstModelServer(RuleBasedStateMachine):
             return
         if not core.is_current_feed(mount):
             return
-        for i, (txid, q) in enumerate(rows):
-            row = core.row(txid)
-            if row is Row.SEEN:
-                continue
-            if row is Row.GAP:
-                core.feed_stopped(mount)
-                self.remount_due = True
-                return
+        packed = [(t, q.client_id, q.generation, q.partition_id, q.seq, 0) for t, q in rows]
+        span = core.deliverable(packed)
+        for i in range(span.start, span.stop):
+            txid, q = rows[i]
             resolutions = core.commit_seen(q, txid)
             if i == fail_at:
                 self.settle(resolutions)
@@ -99,6 +95,9 @@ class ClientAgainstModelServer(RuleBasedStateMachine):
             core.delivered(txid)
             self.delivered.append((txid, q))
             self.settle(resolutions)
+        if span.gap is not None:
+            core.feed_stopped(mount)
+            self.remount_due = True
 
     def feed_to_end(self, mount: ReqId) -> None:
         start = self.feeds[mount]

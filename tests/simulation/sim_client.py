@@ -23,7 +23,7 @@ from typing import Protocol
 from sim_net import SimNetwork, open_stream
 
 from waltz_client.append import append_request
-from waltz_client.client_partition import ClientPartition, MountPhase, Row
+from waltz_client.client_partition import ClientPartition, MountPhase
 from waltz_client.config import WaltzClientConfig
 from waltz_client.errors import WaltzError
 from waltz_client.monitor import Resolution
@@ -131,17 +131,15 @@ class SimClient:
 
     def _apply(self, m: FeedRows) -> None:
         core, world = self.core, self.world
-        for txid, client_id, generation, partition_id, seq, _ in m.rows:
-            row = core.row(txid)
-            if row is Row.SEEN:
-                continue
-            if row is Row.GAP:
-                world.fail(f"{self.name}: feed gap: {txid} after {core.applied}")
+        span = core.deliverable(m.rows)
+        for txid, client_id, generation, partition_id, seq, _ in m.rows[span.start : span.stop]:
             req_id = ReqId(client_id, generation, partition_id, seq)
             settled = core.commit_seen(req_id, txid)
             core.delivered(txid)
             world.delivered(txid, req_id)
             self._settle(settled)
+        if span.gap is not None:
+            world.fail(f"{self.name}: feed gap: {span.gap} after {core.applied}")
 
     def _settle(self, resolutions: list[Resolution[SimSubmission]]) -> None:
         """Carry out what the retry policy says about each settled attempt."""
