@@ -268,8 +268,10 @@ class PartitionDriver(Generic[S]):
         link = self.link
         return self.ready.is_set() and link is not None and link.stream is not None
 
-    async def append(self, item: S, builder: TransactionBuilder) -> Resolution[S]:
-        """Send ``builder`` as ``item``'s Append (when ``can_send``); its verdict."""
+    def append(self, item: S, builder: TransactionBuilder) -> asyncio.Future[Resolution[S]]:
+        """Send ``builder`` as ``item``'s Append (when ``can_send``); await the future
+        returned for its verdict (a future, not a coroutine: one frame less to resume on
+        every append's way back). The watchdog flushes if it takes too long."""
         link = self.link
         assert link is not None and link.stream is not None
         core = self.core
@@ -285,8 +287,7 @@ class PartitionDriver(Generic[S]):
         with contextlib.suppress(ConnectionError):  # a lost append: the next mount settles it
             link.stream.send(append_request(q, builder))
         item.sent_at = loop.time()
-        verdict: Resolution[S] = await attempt  # the watchdog flushes if it takes too long
-        return verdict
+        return attempt
 
     # --- the stream: everything in order through the inbox ------------------------------
 
