@@ -118,6 +118,7 @@ async def _produce(args: argparse.Namespace, cluster: LocalCluster) -> dict:
             failed += 1
 
     started = time.perf_counter()
+    cpu_started = time.process_time()  # this process runs only the clients
     if args.rate > 0:
         await open_loop(args.rate, args.transactions, one)
     else:
@@ -129,6 +130,7 @@ async def _produce(args: argparse.Namespace, cluster: LocalCluster) -> dict:
 
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     for c in clients:
         await c.close()
     latencies.sort()
@@ -140,6 +142,7 @@ async def _produce(args: argparse.Namespace, cluster: LocalCluster) -> dict:
         "tx_per_s": n / elapsed,
         "mb_per_s": n * args.size / elapsed / 1e6,
         "retries_per_tx": (attempts - args.transactions) / max(1, args.transactions),
+        "client_cpu_us_per_tx": cpu * 1e6 / max(1, n),
         "p50": _pct(latencies, 0.5),
         "p99": _pct(latencies, 0.99),
         "p999": _pct(latencies, 0.999),
@@ -155,12 +158,14 @@ async def _consume(args: argparse.Namespace, cluster: LocalCluster, total: int) 
     )
     counters = [_Counter() for _ in range(args.consumers)]
     started = time.perf_counter()
+    cpu_started = time.process_time()
     clients = [WaltzClient(config, counter) for counter in counters]
     for c in clients:
         await c.start()
     while any(counter.count < total for counter in counters):
         await asyncio.sleep(0.01)
     feed_seconds = time.perf_counter() - started
+    feed_cpu = time.process_time() - cpu_started
     read_started = time.perf_counter()
     read = 0
     for p in range(args.partitions):
@@ -171,6 +176,7 @@ async def _consume(args: argparse.Namespace, cluster: LocalCluster, total: int) 
         await c.close()
     return {
         "feed_tx_per_s": total * args.consumers / feed_seconds,
+        "feed_cpu_us_per_tx": feed_cpu * 1e6 / (total * args.consumers),
         "read_tx_per_s": read / read_seconds,
         "read_mb_per_s": read * args.size / read_seconds / 1e6,
     }
@@ -240,5 +246,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"consumers catching up from the start: {consumed['feed_tx_per_s']:,.0f} tx/s "
         f"({args.consumers} consumer(s)); range read with data: "
         f"{consumed['read_tx_per_s']:,.0f} tx/s, {consumed['read_mb_per_s']:.1f} MB/s"
+    )
+    # What the client library itself costs, apart from the cluster sharing the machine.
+    print(
+        f"client CPU: {produced['client_cpu_us_per_tx']:.1f} us a committed transaction "
+        f"(producing), {consumed['feed_cpu_us_per_tx']:.1f} us a row (catching up)"
     )
     return 0
