@@ -29,14 +29,29 @@ from .callbacks import WaltzClientCallbacks
 from .client_partition import ClientPartition
 from .cluster_view import ClusterView
 from .config import WaltzClientConfig
-from .errors import Forbidden, MissingTransactions, Unauthorized, WaltzError, truncated
+from .errors import (
+    Forbidden,
+    MissingTransactions,
+    SubmissionFailed,
+    Unauthorized,
+    WaltzError,
+    truncated,
+)
 from .monitor import Outcome, Resolution
 from .partition_driver import MAX_INBOX as MAX_INBOX
 from .partition_driver import DriverContext, PartitionDriver
 from .rpc import PartitionRpc
+from .runtime.tasks import wait_for
 from .runtime.tls import TlsContexts, tls_open_connection
 from .server_link import ServerLink
-from .submit_policy import Finish, RetryWhenApplied, SubmissionRetries, SubmitResult, SubmitStatus
+from .submit_policy import (
+    Finish,
+    RetryWhenApplied,
+    SubmissionRetries,
+    SubmitResult,
+    SubmitStatus,
+    completion_hook,
+)
 from .transaction import TransactionBuilder, TransactionContext
 from .wire.client_messages import (
     CLIENT_ID_PROTOCOL_VERSION,
@@ -63,6 +78,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class _Expired(Exception):
+    """The submission's deadline passed while it waited to make an attempt."""
 
 
 class _StepFailed(Exception):
@@ -291,9 +310,19 @@ class WaltzClient:
         own = context.max_retries
         if own is not None and (not isinstance(own, int) or isinstance(own, bool) or own < 1):
             raise ValueError(f"{type(context).__name__}.max_retries must be None or >= 1")
+        timeout = context.timeout
+        if timeout is not None and (
+            not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0
+        ):
+            raise ValueError(f"{type(context).__name__}.timeout must be None or > 0 seconds")
         state = self._partition(p, apply=False)
         retries = SubmissionRetries.for_context(
-            own, self.config.max_retries, self.config.retry_backoff
+            own,
+            self.config.max_retries,
+            self.config.retry_backoff,
+            asyncio.get_running_loop().time(),
+            timeout,
+            self.config.transaction_timeout,
         )
         sub = _Submission(context, p, asyncio.get_running_loop().create_future(), retries)
         self._submissions.add(sub)
@@ -304,19 +333,40 @@ class WaltzClient:
             raise
         return sub.result.result()
 
-    def _finish(self, sub: _Submission, result: SubmitResult) -> None:
+    def _finish(
+        self, sub: _Submission, result: SubmitResult, error: BaseException | None = None
+    ) -> None:
+        """The submission ends with ``result``: its caller gets it, and the context hears
+        of it through exactly one hook (``completion_hook`` says which)."""
         self._submissions.discard(sub)
         if not sub.result.done():
             sub.result.set_result(result)
-            _hook(sub.context, "on_completion", result.committed)
+            hook = completion_hook(result)
+            if hook == "on_completion":
+                _hook(sub.context, hook, result.committed)
+            elif hook == "on_exception":
+                _hook(sub.context, hook, error or SubmissionFailed(result.reason))
+            else:
+                _hook(sub.context, hook)
 
     async def _run(self, sub: _Submission, state: _Partition) -> None:
         retries = sub.retries
+        loop = asyncio.get_running_loop()
         while retries.may_attempt(self._closed):
+            if retries.expired(loop.time()):
+                self._finish(sub, retries.expiry().result)
+                return
             retries.begin_attempt()
-            await state.window.acquire()
+            try:
+                # Waiting for room in the window counts against the deadline.
+                await wait_for(state.window.acquire(), retries.remaining(loop.time()))
+            except TimeoutError:
+                self._finish(sub, retries.expiry().result)
+                return
             try:
                 step = retries.after(await self._attempt(sub, state))
+            except _Expired:
+                step = retries.expiry()
             except (Forbidden, MissingTransactions) as e:  # the mount is refused
                 step = retries.mount_refused(e)
             except _StepFailed as e:  # the application's code raised: say whose
@@ -324,9 +374,7 @@ class WaltzClient:
             finally:
                 state.window.release()
             if isinstance(step, Finish):
-                if step.error is not None:
-                    _hook(sub.context, "on_exception", step.error)
-                self._finish(sub, step.result)
+                self._finish(sub, step.result, step.error)
                 return
             if isinstance(step, RetryWhenApplied):
                 _hook(sub.context, "on_lock_failure", step.transaction_id)
@@ -340,9 +388,13 @@ class WaltzClient:
         core = state.core
         # Every append runs this: the common case (mounted, no callbacks to ask, a plain
         # execute()) awaits nothing until the answer.
+        loop = asyncio.get_running_loop()
         while True:
             if not state.ready.is_set():
-                await state.mounted()
+                try:  # waiting for a mount counts against the deadline; an append does not
+                    await wait_for(state.mounted(), sub.retries.remaining(loop.time()))
+                except TimeoutError:
+                    raise _Expired from None
             if self._closed:
                 return Resolution(sub, Outcome.LOST)
             if not core.applies and core.has_start_mark():

@@ -22,6 +22,9 @@ class WaltzClientConfig:
     partitions: frozenset[int] | None = None  # mounted for the feed; None: all of them
     max_outstanding_appends: int = 1000  # per partition; submit waits beyond it
     max_retries: int = 20  # executions of one context before it fails
+    # Seconds from submit() after which a context not yet committed expires (no attempt
+    # starts, no wait for one goes on; on_expiration is called). None: no deadline.
+    transaction_timeout: float | None = 120.0  # as Kafka's delivery.timeout.ms
     request_timeout: float = 30.0  # RPCs (data, high-water mark, range reads), flush
     mount_timeout: float = 60.0
     retry_backoff: float = 0.05  # first pause between retries; doubles up to 2 s
@@ -72,12 +75,24 @@ class WaltzClientConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise bad(name, f"expected an integer >= {low}, got {value!r}")
-        for name in ("request_timeout", "mount_timeout", "retry_backoff", "zk_session_timeout"):
+        for name in (
+            "request_timeout",
+            "mount_timeout",
+            "retry_backoff",
+            "zk_session_timeout",
+            "transaction_timeout",
+        ):
             value = getattr(self, name)
+            if name == "transaction_timeout" and value is None:
+                continue
             if (
                 not isinstance(value, int | float)
                 or isinstance(value, bool)
                 or not math.isfinite(value)
                 or value <= 0
             ):
-                raise bad(name, f"expected a positive number of seconds, got {value!r}")
+                raise bad(
+                    name,
+                    f"expected a positive number of seconds, got {value!r}"
+                    + (" (None: no deadline)" if name == "transaction_timeout" else ""),
+                )

@@ -12,6 +12,12 @@ class WaltzError(Exception):
     """A request the cluster could not answer in time, or a client that is closed."""
 
 
+class SubmissionFailed(WaltzError):
+    """What a failed submission's ``on_exception`` gets when no error of its own caused
+    it (retries exhausted, refused by the server, cancelled, the client closed): the
+    result's reason."""
+
+
 class Forbidden(WaltzError):
     """The cluster's access policy does not let this client's certificate identity do
     that on the partition (the server's FORBIDDEN)."""

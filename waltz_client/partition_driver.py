@@ -90,6 +90,9 @@ class PartitionDriver(Generic[S]):
     refused: asyncio.Event = field(default_factory=asyncio.Event)  # core.refusal is set
     flush_answers: dict[ReqId, asyncio.Future[int]] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # This client's own commits whose apply_transaction raised: their submissions return
+    # once the redelivered transaction is applied (submit's promise), in ID order.
+    unapplied_commits: list[Resolution[S]] = field(default_factory=list)
 
     @property
     def partition_id(self) -> int:
@@ -112,6 +115,8 @@ class PartitionDriver(Generic[S]):
         for item in self.core.monitor.items():
             if item.attempt is not None and not item.attempt.done():
                 item.attempt.set_result(Resolution(item, Outcome.LOST))
+        _resolve(self.unapplied_commits)  # they did commit: say so, though not applied
+        self.unapplied_commits = []
         for task in self.tasks:
             task.cancel()
 
@@ -400,7 +405,7 @@ class PartitionDriver(Generic[S]):
         # of thousands of rows a second through here).
         commit_seen, delivered = core.commit_seen, core.delivered
         call, apply = ctx.call, callbacks.apply_transaction
-        applied_changed = self.applied_changed
+        applied_changed, unapplied = self.applied_changed, self.unapplied_commits
         p, fetch, loop = core.partition_id, ctx.transaction_data, asyncio.get_running_loop()
         rows = m.rows
         span = core.deliverable(rows)
@@ -417,8 +422,13 @@ class PartitionDriver(Generic[S]):
                     log.exception("uncaught_exception itself raised")
                 # Deliver it again: mount anew from the application's high-water mark
                 # (unless a newer mount is already under way), ignoring the rest of
-                # this mount's feed meanwhile.
-                _resolve(resolutions)
+                # this mount's feed meanwhile. This client's own commit of it waits for
+                # the redelivery to be applied; the appends it settles as lost go now.
+                for r in resolutions:
+                    if r.outcome is Outcome.COMMITTED:
+                        self.unapplied_commits.append(r)
+                    else:
+                        _resolve([r])
                 if core.feed_stopped(m.req_id):
                     self.remount.set()
                 await asyncio.sleep(ctx.config.retry_backoff)
@@ -427,9 +437,17 @@ class PartitionDriver(Generic[S]):
             applied_changed.set()
             if resolutions:
                 _resolve(resolutions)
+            if unapplied and unapplied[0].transaction_id <= txid:
+                self._applied_at_last(txid)
         if span.gap is not None:
             core.feed_stopped(m.req_id)
             self._feed_gap(span.gap)
+
+    def _applied_at_last(self, txid: int) -> None:
+        """The application applied up to ``txid``: own commits waiting for it return."""
+        done = [r for r in self.unapplied_commits if r.transaction_id <= txid]
+        self.unapplied_commits = [r for r in self.unapplied_commits if r.transaction_id > txid]
+        _resolve(done)
 
 
 def _transaction(

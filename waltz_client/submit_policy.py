@@ -17,6 +17,7 @@ class SubmitStatus(Enum):
     COMMITTED = "committed"
     IGNORED = "ignored"  # execute() returned False
     FAILED = "failed"  # gave up: retries exhausted, execute() raised, or the client closed
+    EXPIRED = "expired"  # its deadline passed before it committed: nothing of it is in the log
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,10 @@ Step = Finish | RetryAfter | RetryWhenApplied
 class SubmissionRetries:
     """One submission's attempts: how many ran, whether another may, what follows each."""
 
-    def __init__(self, limit: int, first_backoff: float) -> None:
+    def __init__(self, limit: int, first_backoff: float, deadline: float | None = None) -> None:
         self.limit = limit
+        # On the caller's clock: past it, no attempt starts and no wait for one goes on.
+        self.deadline = deadline
         self.attempts = 0
         self.first_backoff = first_backoff
         self.backoff: Backoff | None = None  # made on the first lost append (most have none)
@@ -94,10 +97,40 @@ class SubmissionRetries:
 
     @classmethod
     def for_context(
-        cls, own_limit: int | None, default_limit: int, first_backoff: float
+        cls,
+        own_limit: int | None,
+        default_limit: int,
+        first_backoff: float,
+        now: float = 0.0,
+        own_timeout: float | None = None,
+        default_timeout: float | None = None,
     ) -> SubmissionRetries:
-        """A context's own ``max_retries``, else the client's."""
-        return cls(default_limit if own_limit is None else own_limit, first_backoff)
+        """A context's own ``max_retries`` and ``timeout``, else the client's; the
+        deadline is ``now`` plus the timeout (none without one)."""
+        timeout = default_timeout if own_timeout is None else own_timeout
+        return cls(
+            default_limit if own_limit is None else own_limit,
+            first_backoff,
+            None if timeout is None else now + timeout,
+        )
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+    def remaining(self, now: float) -> float | None:
+        """Seconds left before the deadline (None: no deadline)."""
+        return None if self.deadline is None else max(0.0, self.deadline - now)
+
+    def expiry(self) -> Finish:
+        """The deadline passed between attempts, or while waiting to make one."""
+        why = self._last_failure or "no attempt could be made (waiting for a mount)"
+        return Finish(
+            SubmitResult(
+                SubmitStatus.EXPIRED,
+                attempts=self.attempts,
+                reason=f"expired after {self.attempts} attempts: {why}",
+            )
+        )
 
     def may_attempt(self, closed: bool) -> bool:
         return self.attempts < self.limit and not closed
@@ -146,3 +179,15 @@ class SubmissionRetries:
 
     def failed(self, reason: str) -> SubmitResult:
         return SubmitResult(SubmitStatus.FAILED, attempts=self.attempts, reason=reason)
+
+
+def completion_hook(result: SubmitResult) -> str:
+    """The context's hook a finished submission calls (the spec's): ``on_completion``
+    (True: committed, False: ignored), ``on_expiration``, or ``on_exception`` (failed:
+    with the error, or a ``SubmissionFailed`` naming the reason)."""
+    match result.status:
+        case SubmitStatus.COMMITTED | SubmitStatus.IGNORED:
+            return "on_completion"
+        case SubmitStatus.EXPIRED:
+            return "on_expiration"
+    return "on_exception"

@@ -87,6 +87,9 @@ class TransactionContext(ABC):
     returns False to give up). The hooks are optional."""
 
     max_retries: int | None = None  # None: the client's setting
+    # Seconds from submit() until it expires unless committed; None: the client's
+    # transaction_timeout.
+    timeout: float | None = None
 
     def partition_id(self, num_partitions: int) -> int:
         return 0
@@ -96,7 +99,14 @@ class TransactionContext(ABC):
         """Build the transaction; False gives up (nothing is appended)."""
 
     def on_completion(self, committed: bool) -> None:
-        """Called once: True when committed, False when given up or failed for good."""
+        """The submission ended without failing or expiring: True when it committed (and
+        this client applied it), False when ``execute`` returned False (ignored). After it,
+        nothing is retried."""
+        return None  # optional hook
+
+    def on_expiration(self) -> None:
+        """The submission's deadline (``timeout``) passed before it committed; nothing of
+        it is in the log, and nothing is retried."""
         return None  # optional hook
 
     def on_lock_failure(self, transaction_id: int) -> None:
@@ -105,7 +115,10 @@ class TransactionContext(ABC):
         return None  # optional hook
 
     def on_exception(self, error: BaseException) -> None:
-        """``execute`` raised; the submission fails with this error."""
+        """The submission failed (``SubmitStatus.FAILED``) with ``error``: what ``execute``
+        or the application's high-water mark raised, the refusal, or a
+        ``SubmissionFailed`` naming the reason (retries exhausted, cancelled, the client
+        closed). Nothing is retried after it."""
         return None  # optional hook
 
 

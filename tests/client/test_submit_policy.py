@@ -21,6 +21,7 @@ from waltz_client.submit_policy import (
     SubmissionRetries,
     SubmitResult,
     SubmitStatus,
+    completion_hook,
 )
 from waltz_client.transaction import Lock, TransactionBuilder
 from waltz_client.wire.client_messages import MAX_LOCKS, AppendRequest
@@ -193,3 +194,39 @@ def test_too_many_locks_of_a_kind(kind: str) -> None:
     builder = TransactionBuilder(0, -1)
     setattr(builder, kind, [Lock("l", i) for i in range(MAX_LOCKS + 1)])
     assert size_problem(builder) == f"{MAX_LOCKS + 1} {kind} exceed {MAX_LOCKS}"
+
+
+def test_the_deadline_is_the_contexts_own_else_the_clients() -> None:
+    assert SubmissionRetries.for_context(None, 20, 0.05, 100.0, None, 120.0).deadline == 220.0
+    assert SubmissionRetries.for_context(None, 20, 0.05, 100.0, 2.5, 120.0).deadline == 102.5
+    assert SubmissionRetries.for_context(None, 20, 0.05, 100.0, None, None).deadline is None
+    no_deadline = SubmissionRetries(5, 0.05)
+    assert not no_deadline.expired(1e12) and no_deadline.remaining(1e12) is None
+
+
+def test_past_its_deadline_a_submission_expires_naming_its_last_failure() -> None:
+    retries = SubmissionRetries(50, 0.05, deadline=10.0)
+    assert not retries.expired(9.99) and retries.remaining(9.0) == 1.0
+    assert retries.expired(10.0) and retries.remaining(11.0) == 0.0
+    attempted(retries).after(Resolution("s", Outcome.LOST))
+    finish = retries.expiry()
+    assert finish.result.status is SubmitStatus.EXPIRED and finish.error is None
+    assert finish.result.reason == (
+        "expired after 1 attempts: the append was lost (server or connection failure)"
+    )
+    waiting = SubmissionRetries(50, 0.05, deadline=10.0)
+    waiting.begin_attempt()
+    assert "waiting for a mount" in waiting.expiry().result.reason
+
+
+@pytest.mark.parametrize(
+    ("status", "hook"),
+    [
+        (SubmitStatus.COMMITTED, "on_completion"),
+        (SubmitStatus.IGNORED, "on_completion"),
+        (SubmitStatus.EXPIRED, "on_expiration"),
+        (SubmitStatus.FAILED, "on_exception"),
+    ],
+)
+def test_each_ending_has_one_hook(status: SubmitStatus, hook: str) -> None:
+    assert completion_hook(SubmitResult(status)) == hook

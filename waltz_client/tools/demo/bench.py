@@ -91,6 +91,7 @@ async def _produce(args: argparse.Namespace, cluster: LocalCluster) -> dict:
         feed=False,
         max_outstanding_appends=max(1, args.concurrency),
         max_retries=1000,
+        transaction_timeout=None,  # keep trying through any outage it measures
         tls=cluster.client_tls,
         zk_tls=cluster.client_zk_tls,
     )

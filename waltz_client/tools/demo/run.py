@@ -125,6 +125,7 @@ async def _start_clients(
         cluster.zookeeper_connect,
         zk_root=cluster.layout.root,
         max_retries=1000,
+        transaction_timeout=None,  # keep trying through any outage it measures
         tls=cluster.client_tls,
         zk_tls=cluster.client_zk_tls,
     )

@@ -151,6 +151,7 @@ async def _start_clients(args: argparse.Namespace, cluster: LocalCluster) -> _Cl
             zk_root=cluster.layout.root,
             feed=feed,
             max_retries=1000,
+            transaction_timeout=None,  # keep trying through any outage it measures
             tls=cluster.client_tls,
             zk_tls=cluster.client_zk_tls,
         )
