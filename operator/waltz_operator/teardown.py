@@ -21,6 +21,7 @@ from kazoo.client import KazooClient
 
 from waltz_client.cluster import admin
 from waltz_client.cluster.errors import ClusterError
+from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import describe
 
@@ -125,8 +126,10 @@ async def _delete_everything(
     zk = await zookeeper()
     try:
         await asyncio.to_thread(admin.delete_cluster, zk, spec.zk_root, cluster_name(spec), True)
-    except ClusterError as e:
-        if "no cluster" not in str(e).lower():
+    except ClusterError:
+        # Gone already: an earlier run of this deletion (kopf may run it again) got here.
+        # Only a cluster whose node is still there failed to be deleted.
+        if await asyncio.to_thread(zk.exists, ClusterPaths.of(spec.zk_root).cluster):
             raise
     for claim in own_claims(spec, await kube.list("PersistentVolumeClaim", ns, instance)):
         await kube.delete("PersistentVolumeClaim", ns, claim["metadata"]["name"])
