@@ -357,12 +357,15 @@ class WaltzClient:
                 self._finish(sub, retries.expiry().result)
                 return
             retries.begin_attempt()
-            try:
-                # Waiting for room in the window counts against the deadline.
-                await wait_for(state.window.acquire(), retries.remaining(loop.time()))
-            except TimeoutError:
-                self._finish(sub, retries.expiry().result)
-                return
+            window = state.window
+            if not window.locked():
+                await window.acquire()  # room now: no wait, so no timer (every append)
+            else:
+                try:  # waiting for room counts against the deadline
+                    await wait_for(window.acquire(), retries.remaining(loop.time()))
+                except TimeoutError:
+                    self._finish(sub, retries.expiry().result)
+                    return
             try:
                 step = retries.after(await self._attempt(sub, state))
             except _Expired:
@@ -372,7 +375,7 @@ class WaltzClient:
             except _StepFailed as e:  # the application's code raised: say whose
                 step = retries.step_failed(e.step, e.error)
             finally:
-                state.window.release()
+                window.release()
             if isinstance(step, Finish):
                 self._finish(sub, step.result, step.error)
                 return

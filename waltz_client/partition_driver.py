@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from waltz_client.runtime.tasks import wait_for
-
 from .append import append_request
 from .callbacks import WaltzClientCallbacks
 from .client_partition import ClientPartition, Reaction
@@ -28,6 +26,7 @@ from .cluster_view import ClusterView
 from .config import WaltzClientConfig
 from .errors import Forbidden, MissingTransactions, WaltzError
 from .monitor import Outcome, Resolution
+from .runtime.tasks import wait_for
 from .server_link import ServerLink
 from .transaction import Transaction, TransactionBuilder
 from .wire.client_messages import ClientMessage, FeedRows, FlushRequest, MountRequest
@@ -116,7 +115,7 @@ class PartitionDriver(Generic[S]):
             if item.attempt is not None and not item.attempt.done():
                 item.attempt.set_result(Resolution(item, Outcome.LOST))
         _resolve(self.unapplied_commits)  # they did commit: say so, though not applied
-        self.unapplied_commits = []
+        self.unapplied_commits.clear()
         for task in self.tasks:
             task.cancel()
 
@@ -445,8 +444,9 @@ class PartitionDriver(Generic[S]):
 
     def _applied_at_last(self, txid: int) -> None:
         """The application applied up to ``txid``: own commits waiting for it return."""
-        done = [r for r in self.unapplied_commits if r.transaction_id <= txid]
-        self.unapplied_commits = [r for r in self.unapplied_commits if r.transaction_id > txid]
+        waiting = self.unapplied_commits  # in place: _deliver holds it
+        done = [r for r in waiting if r.transaction_id <= txid]
+        waiting[:] = [r for r in waiting if r.transaction_id > txid]
         _resolve(done)
 
 
