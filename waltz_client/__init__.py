@@ -19,6 +19,8 @@ _EXPORTS = {
     "Forbidden": ".errors",
     "Lock": ".transaction",
     "MissingTransactions": ".errors",
+    "PartitionStats": ".client_stats",
+    "SubmissionFailed": ".errors",
     "SubmitResult": ".submit_policy",
     "SubmitStatus": ".submit_policy",
     "Transaction": ".transaction",
@@ -37,6 +39,8 @@ __all__ = [
     "Forbidden",
     "Lock",
     "MissingTransactions",
+    "PartitionStats",
+    "SubmissionFailed",
     "SubmitResult",
     "SubmitStatus",
     "Transaction",
@@ -53,9 +57,10 @@ if TYPE_CHECKING:
     from .blocking import BlockingWaltzClient
     from .callbacks import WaltzClientCallbacks
     from .client import WaltzClient
+    from .client_stats import PartitionStats
     from .config import WaltzClientConfig, WaltzConfigError
     from .dbapi import DatabaseCallbacks
-    from .errors import Forbidden, MissingTransactions, WaltzError
+    from .errors import Forbidden, MissingTransactions, SubmissionFailed, WaltzError
     from .submit_policy import SubmitResult, SubmitStatus
     from .transaction import Lock, Transaction, TransactionBuilder, TransactionContext
 

@@ -19,6 +19,7 @@ import functools
 import inspect
 import itertools
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any
 from .append import size_problem
 from .callbacks import WaltzClientCallbacks
 from .client_partition import ClientPartition
+from .client_stats import PartitionStats
 from .cluster_view import ClusterView
 from .config import WaltzClientConfig
 from .errors import (
@@ -357,6 +359,8 @@ class WaltzClient:
                 self._finish(sub, retries.expiry().result)
                 return
             retries.begin_attempt()
+            if retries.attempts > 1:
+                state.core.retries += 1
             window = state.window
             if not window.locked():
                 await window.acquire()  # room now: no wait, so no timer (every append)
@@ -380,6 +384,7 @@ class WaltzClient:
                 self._finish(sub, step.result, step.error)
                 return
             if isinstance(step, RetryWhenApplied):
+                state.core.lock_failures += 1
                 _hook(sub.context, "on_lock_failure", step.transaction_id)
                 await state.applied_at_least(step.transaction_id)
             else:
@@ -436,7 +441,43 @@ class WaltzClient:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def high_water_mark(self, partition_id: int) -> int:
-        return await self._rpc.high_water_mark(partition_id)
+        mark = await self._rpc.high_water_mark(partition_id)
+        state = self._partitions.get(partition_id)
+        if state is not None:
+            state.learned(mark)
+        return mark
+
+    def partition_stats(self) -> dict[int, PartitionStats]:
+        """Each partition this client mounts or writes to: the high-water mark it knows
+        of, its applied mark, the lag between them (in transactions, and how long the
+        oldest unapplied one has been known), appends outstanding, retries and lock
+        failures. The known mark comes from the feed as it arrives, Flush answers and
+        ``high_water_mark`` reads; ``refresh_high_water_marks`` asks the servers (the
+        feed of an application that fell far behind is held back at the server). Safe
+        to call from another thread (a metrics scrape)."""
+        now = time.monotonic()  # FeedLag's clock (not the loop's: uvloop's differs)
+        stats = {}
+        for p, state in sorted(self._partitions.items()):
+            core = state.core
+            lag, lag_seconds = core.lag.behind(core.applied, now)
+            stats[p] = PartitionStats(
+                partition_id=p,
+                applies=core.applies,
+                mounted=state.ready.is_set() and not self._closed,
+                high_water_mark=max(core.lag.known_high_water_mark, core.applied),
+                applied=core.applied,
+                lag=lag,
+                lag_seconds=lag_seconds,
+                outstanding_appends=len(core.monitor),
+                retries=core.retries,
+                lock_failures=core.lock_failures,
+            )
+        return stats
+
+    async def refresh_high_water_marks(self) -> None:
+        """Ask the servers for the high-water mark of every partition this client follows
+        (``partition_stats`` then counts what the feed has not brought yet)."""
+        await asyncio.gather(*(self.high_water_mark(p) for p in list(self._partitions)))
 
     async def transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
         return await self._rpc.transaction_data(partition_id, transaction_id)

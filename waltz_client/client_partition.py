@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, TypeVar
 
+from .client_stats import FeedLag
 from .errors import Forbidden, MissingTransactions, Unauthorized, WaltzError, truncated
 from .monitor import Resolution, TransactionMonitor
 from .submit_policy import Backoff
@@ -129,6 +130,11 @@ class ClientPartition(Generic[T]):
         self.refusal: WaltzError | None = None
         self.backoff = Backoff(first_backoff)  # between mount attempts
         self._flushes: dict[ReqId, _Flush] = {}
+        # What is known committed beyond the applied mark (PartitionStats), and counts of
+        # this client's retries and lock failures on the partition.
+        self.lag = FeedLag()
+        self.retries = 0
+        self.lock_failures = 0
 
     # --- mounting -----------------------------------------------------------------------
 

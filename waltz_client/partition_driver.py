@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -297,6 +298,9 @@ class PartitionDriver(Generic[S]):
 
     def receive(self, m: ClientMessage) -> None:
         """A stream message for this partition, as its server's stream hands it over."""
+        if type(m) is FeedRows and m.rows:  # committed up to its last row (PartitionStats)
+            core = self.core
+            core.lag.learned(m.rows[-1][0], time.monotonic(), core.applied)
         if (
             type(m) is FeedRows
             and self.inbox_waiting
@@ -366,6 +370,13 @@ class PartitionDriver(Generic[S]):
                     flushed.set_exception(reaction.flush_error)
                 else:
                     flushed.set_result(reaction.flush_high_water_mark)
+            if reaction.flush_error is None:
+                self.learned(reaction.flush_high_water_mark)
+
+    def learned(self, high_water_mark: int) -> None:
+        """A server said the partition's log reaches ``high_water_mark``."""
+        core = self.core
+        core.lag.learned(high_water_mark, time.monotonic(), core.applied)
 
     # --- the feed -----------------------------------------------------------------------
 
