@@ -9,7 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from waltz_client.cluster.metadata import ReplicaAssignment
-from waltz_client.cluster.placement import assign_replicas, placement_ring, quorum
+from waltz_client.cluster.placement import (
+    assign_replicas,
+    place_new_partitions,
+    placement_ring,
+    quorum,
+)
 
 
 @st.composite
@@ -180,3 +185,41 @@ def test_quorum_is_the_smallest_majority(n) -> None:
     q = quorum(n)
     assert 2 * q > n  # any two quorums intersect
     assert 2 * (q - 1) <= n  # and one fewer would not
+
+
+# --- growth: place_new_partitions --------------------------------------------------------
+
+
+@given(layouts(), st.integers(min_value=1, max_value=64))
+def test_growth_keeps_the_old_partitions_and_places_the_new_like_creation(layout, more) -> None:
+    storages, num_partitions, num_replicas = layout
+    before = assign_replicas(storages, num_partitions, num_replicas)
+    grown = place_new_partitions(before, num_partitions, num_partitions + more, num_replicas)
+    check_counts(grown, storages, num_partitions + more, num_replicas)
+    for s, parts in before.storages.items():  # nothing already placed moves
+        assert {p for p in grown.storages[s] if p < num_partitions} == set(parts)
+    counts = loads(grown)
+    assert max(counts.values()) - min(counts.values()) <= 1  # still balanced within one
+
+
+@given(grouped_layouts(), st.integers(min_value=1, max_value=32))
+def test_new_partitions_spread_over_failure_domains(layout, more) -> None:
+    storages, groups, num_partitions, num_replicas = layout
+    before = assign_replicas(storages, num_partitions, num_replicas, groups)
+    grown = place_new_partitions(before, num_partitions, num_partitions + more, num_replicas)
+    for p in range(num_partitions, num_partitions + more):
+        assert len({groups[s] for s in grown.replicas_of(p)}) == num_replicas
+
+
+def test_new_partitions_go_to_the_least_loaded_nodes() -> None:
+    # s3 was added after creation and holds nothing yet: the new replicas go to it first.
+    before = assign_replicas(["s0:1", "s1:1", "s2:1"], 3, 3)
+    before = ReplicaAssignment({**before.storages, "s3:1": frozenset()})
+    grown = place_new_partitions(before, 3, 5, 3)
+    assert grown.storages["s3:1"] == frozenset({3, 4})
+
+
+def test_growth_needs_enough_nodes() -> None:
+    one = ReplicaAssignment({"s0:1": frozenset({0})})
+    with pytest.raises(ValueError, match="3 replicas need at least 3 storage nodes"):
+        place_new_partitions(one, 1, 2, 3)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from kazoo.client import KazooClient
@@ -37,7 +37,7 @@ from .metadata import (
     validate_storage_address,
 )
 from .paths import ClusterPaths
-from .placement import assign_replicas
+from .placement import assign_replicas, place_new_partitions
 from .replica_safety import replica_change_problem, still_serving, writing_members
 from .retention import RetentionPolicy
 
@@ -203,6 +203,84 @@ def create_cluster(
             raise ClusterError(f"creating the cluster at {paths.root} failed: {failures[0]!r}")
         # Someone created nodes concurrently: compare with what is there now.
     raise ClusterError(f"could not create the cluster at {paths.root}: too many concurrent changes")
+
+
+@dataclass(frozen=True)
+class GrowResult:
+    grown: bool  # False: the cluster already had that many partitions
+    before: int
+    params: ClusterParams  # as it is now
+    assignment: ReplicaAssignment
+
+
+def add_partitions(zk: KazooClient, root: str, num_partitions: int) -> GrowResult:
+    """Grow the cluster to ``num_partitions`` partitions, in one ZooKeeper transaction:
+    the count in ``<root>/cluster``, the new partitions' replicas in the assignment (the
+    placement rules of creation), their metadata nodes, and their (unowned) entries in
+    the ownership. Partitions never shrink: a smaller count is refused; the same count
+    changes nothing. Every node it changes is compared-and-set, so a concurrent change
+    (a server moving ownership, ``add-storage``) makes it read and decide again."""
+    paths = ClusterPaths.of(root)
+    for _ in range(CAS_ATTEMPTS):
+        try:
+            data, stat = zk.get(paths.cluster)
+        except NoNodeError:
+            read_params(zk, root)  # raises ClusterError, naming what is missing
+            raise
+        params = _decode(paths.cluster, data, ClusterParams)
+        before = params.num_partitions
+        if num_partitions < before:
+            raise ClusterError(
+                f"the cluster at {paths.root} has {before} partitions: partitions are never "
+                f"removed, so it cannot have {num_partitions} (nothing was changed)"
+            )
+        assignment, assignment_version = read_assignment(zk, root)
+        if num_partitions == before:
+            return GrowResult(False, before, params, assignment)
+        try:
+            grown = place_new_partitions(assignment, before, num_partitions, params.num_replicas)
+        except ValueError as e:
+            raise ClusterError(
+                f"cannot place the new partitions: {e} (nothing was changed)"
+            ) from None
+        try:
+            owners_data, owners_stat = zk.get(paths.ownership)
+        except NoNodeError:
+            raise ClusterError(f"{paths.ownership} is missing: the cluster is incomplete") from None
+        owners = _decode(paths.ownership, owners_data, Ownership)
+        new_owners = Ownership(
+            {**owners.partitions, **{p: (None, 0) for p in range(before, num_partitions)}}
+        )
+        new_params = replace(params, num_partitions=num_partitions)
+        txn = zk.transaction()
+        txn.set_data(paths.cluster, new_params.encode(), version=stat.version)
+        txn.set_data(paths.assignment, grown.encode(), version=assignment_version)
+        txn.set_data(paths.ownership, new_owners.encode(), version=owners_stat.version)
+        for p in range(before, num_partitions):
+            txn.create(paths.partition(p), PartitionMetadata().encode())
+        try:
+            results = txn.commit()
+        except ConnectionLoss:
+            raise ClusterError(
+                f"growing the cluster at {paths.root} to {num_partitions} partitions failed: "
+                f"ZooKeeper dropped the connection (the transaction may exceed its request "
+                f"size limit, jute.maxbuffer: grow in smaller steps)"
+            ) from None
+        failures = [r for r in results if isinstance(r, Exception)]
+        if not failures:
+            return GrowResult(True, before, new_params, grown)
+        leftovers = [
+            paths.partition(p)
+            for p, r in zip(range(before, num_partitions), results[3:], strict=True)
+            if isinstance(r, NodeExistsError)
+        ]
+        if leftovers and zk.get(paths.cluster)[1].version == stat.version:
+            raise ClusterError(
+                f"cannot grow the cluster at {paths.root}: {', '.join(leftovers[:5])} already "
+                f"exist beyond its {before} partitions (leftovers? nothing was changed)"
+            )
+        # A node changed under us (a server moved ownership, say): read and decide again.
+    raise ClusterError(f"could not grow the cluster at {paths.root}: too many concurrent changes")
 
 
 def _same_cluster(

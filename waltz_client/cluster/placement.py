@@ -52,6 +52,43 @@ def assign_replicas(
     )
 
 
+def place_new_partitions(
+    current: ReplicaAssignment, first_new: int, num_partitions: int, num_replicas: int
+) -> ReplicaAssignment:
+    """``current`` with partitions ``first_new .. num_partitions-1`` placed too; the
+    existing ones stay where they are.
+
+    Each new replica goes, among the nodes not yet holding the partition, to one in a
+    group the partition does not use yet if there is one, then to the least loaded,
+    then in ring order from where ``assign_replicas`` would start the partition: the
+    same rules as creation, balanced against the load the nodes carry now (after
+    ``add-storage`` or ``remove-storage`` moved replicas)."""
+    storages = sorted(current.storages)
+    if num_replicas > len(storages):
+        raise ValueError(
+            f"{num_replicas} replicas need at least {num_replicas} storage nodes, "
+            f"the assignment has {len(storages)}"
+        )
+    groups = {s: current.groups.get(s, 0) for s in storages}
+    ring = placement_ring(storages, groups)
+    held = {s: set(current.storages[s]) for s in storages}
+    load = {s: len(parts) for s, parts in held.items()}
+    for p in range(first_new, num_partitions):
+        start = (p * num_replicas) % len(ring)
+        ring_order = {s: (i - start) % len(ring) for i, s in enumerate(ring)}
+        chosen: list[str] = []
+        for _ in range(num_replicas):
+            used = {groups[c] for c in chosen}
+            best = min(
+                (s for s in ring if s not in chosen),
+                key=lambda s: (groups[s] in used, load[s], ring_order[s]),
+            )
+            chosen.append(best)
+            load[best] += 1
+            held[best].add(p)
+    return ReplicaAssignment({s: frozenset(ps) for s, ps in held.items()}, dict(current.groups))
+
+
 def quorum(num_replicas: int) -> int:
     """The majority of ``num_replicas``."""
     return num_replicas // 2 + 1
