@@ -17,13 +17,11 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
-from waltz_client.runtime.tasks import wait_for
-
 from .cluster.admin import new_client_id, read_params
 from .cluster.metadata import ClusterParams, MetadataError, Ownership, ServerRegistration
 from .cluster.paths import ClusterPaths
 from .cluster.zk import close, connect
-from .runtime.tasks import spawn
+from .runtime.tasks import spawn, wait_for
 from .runtime.tls import TlsFiles
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from waltz_client.runtime.tasks import wait_for
-
-from .runtime.tasks import spawn
+from .runtime.tasks import spawn, wait_for
 from .wire.client_messages import ClientMessage
 from .wire.framing import OpenConnection
 from .wire.records import ReqId
