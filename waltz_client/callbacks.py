@@ -31,3 +31,10 @@ class WaltzClientCallbacks(ABC):
             partition_id,
             error,
         )
+
+    def partitions_added(self, partition_ids: list[int]) -> None:
+        """The cluster grew: ``partition_ids`` are new. A client that follows every
+        partition (``WaltzClientConfig.partitions`` None) has begun mounting them (from
+        ``client_high_water_mark``, as any partition), and its ``num_partitions`` is the
+        new count."""
+        log.info("the cluster grew: partitions %s are new", partition_ids)

@@ -43,7 +43,7 @@ from .monitor import Outcome, Resolution
 from .partition_driver import MAX_INBOX as MAX_INBOX
 from .partition_driver import DriverContext, PartitionDriver
 from .rpc import PartitionRpc
-from .runtime.tasks import wait_for
+from .runtime.tasks import spawn, wait_for
 from .runtime.tls import TlsContexts, tls_open_connection
 from .server_link import ServerLink
 from .submit_policy import (
@@ -122,8 +122,10 @@ class WaltzClient:
         self.view = ClusterView(
             config.zookeeper, config.zk_root, config.zk_session_timeout, tls=config.zk_tls
         )
+        self.view.on_grown = self._partitions_grown
         self._links: dict[str, ServerLink] = {}
         self._partitions: dict[int, _Partition] = {}
+        self._background: set[asyncio.Task[Any]] = set()  # partitions_added calls
         self._submissions: set[_Submission] = set()
         self._seqs = itertools.count(1)
         self._connection_seqs = itertools.count(1)
@@ -230,6 +232,24 @@ class WaltzClient:
             self._partitions[partition_id] = state
             state.start()
         return state
+
+    def _partitions_grown(self, old: int, new: int) -> None:
+        """The cluster grew (on the loop, as the view takes the new count): a client that
+        follows every partition mounts the new ones now, before any submission could
+        reach them as a partition only written to; then the application hears of it."""
+        if self._closed:
+            return
+        added = list(range(old, new))
+        if self.config.feed and self.config.partitions is None:
+            for p in added:
+                self._partition(p, apply=True)
+        if self.callbacks is not None:
+            spawn(
+                self._call(self.callbacks.partitions_added, added),
+                self._background,
+                f"{type(self.callbacks).__name__}.partitions_added",
+                log,
+            )
 
     def _next_seq(self) -> int:
         return next(self._seqs)

@@ -48,6 +48,8 @@ class ClusterView:
         self._zk: KazooClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
+        # Called on the loop with (old count, new count) when the cluster's partitions grow.
+        self.on_grown: Callable[[int, int], None] | None = None
         self._server_loads = 0
         self._tasks: set[asyncio.Task] = set()  # loads of the live servers
 
@@ -70,6 +72,7 @@ class ClusterView:
         except BaseException:
             await self.stop()
             raise
+        self._zk.DataWatch(self.paths.cluster, self._cluster_changed)
         self._zk.DataWatch(self.paths.ownership, self._ownership_changed)
         self._zk.ChildrenWatch(self.paths.servers, self._servers_changed)
 
@@ -118,6 +121,41 @@ class ClusterView:
     def _post(self, fn: Callable[[*Ts], object], *args: *Ts) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(fn, *args)
+
+    def _cluster_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
+        if data is None:
+            return  # deleted: the client's requests say so when they fail
+        try:
+            params = ClusterParams.decode(data)
+        except MetadataError as e:
+            log.error("ignoring an unreadable cluster node: %s", e)
+            return
+        self._post(self._set_params, params)
+
+    def _set_params(self, params: ClusterParams) -> None:
+        """The cluster node changed: only a growth of the partitions is taken."""
+        current = self.params
+        if current is None or params.num_partitions == current.num_partitions:
+            return
+        if params.key != current.key or params.num_partitions < current.num_partitions:
+            log.error(
+                "ignoring a cluster node that is not this cluster grown (%d partitions, key "
+                "%s; this client started with %d, key %s)",
+                params.num_partitions,
+                params.key,
+                current.num_partitions,
+                current.key,
+            )
+            return
+        self.params = params
+        log.info(
+            "the cluster grew from %d to %d partitions",
+            current.num_partitions,
+            params.num_partitions,
+        )
+        self._changed.set()
+        if self.on_grown is not None:
+            self.on_grown(current.num_partitions, params.num_partitions)
 
     def _ownership_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         if data is None:
