@@ -146,13 +146,6 @@ def test_unowned_and_missing_entries_are_assigned_and_keep_their_generation_hist
     assert_balanced(out, ["a", "b"])
 
 
-def test_partitions_beyond_the_count_are_dropped():
-    current = assign_owners(EMPTY, 6, ["a", "b"])
-    out = assign_owners(current, 4, ["a", "b"])
-    assert set(out.partitions) == {0, 1, 2, 3}
-    assert_balanced(out, ["a", "b"])
-
-
 def test_an_unbalanced_assignment_is_rebalanced_once_and_then_stable():
     current = Ownership({p: ("a", 3) for p in range(9)})
     out = assign_owners(current, 9, ["a", "b", "c"])
@@ -290,3 +283,22 @@ def test_single_joins_and_leaves_from_a_balanced_assignment(num_partitions, star
             else:
                 assert changed == set(range(num_partitions))
         current = after
+
+
+def test_partitions_added_beyond_a_stale_count_are_kept_as_they_are() -> None:
+    # An assigner that read 2 partitions meets an ownership of a cluster grown to 4: it
+    # places 0 and 1, and leaves 2 and 3 for an assigner that knows them.
+    current = Ownership({0: (None, 0), 1: (None, 0), 2: ("b", 3), 3: (None, 0)})
+    new = assign_owners(current, 2, ["a", "b"])
+    assert new.partitions[2] == ("b", 3) and new.partitions[3] == (None, 0)
+    assert {new.partitions[0][0], new.partitions[1][0]} == {"a", "b"}
+
+
+def test_a_grown_cluster_gets_owners_for_its_new_partitions() -> None:
+    current = assign_owners(Ownership({0: (None, 0), 1: (None, 0)}), 2, ["a", "b"])
+    grown = Ownership({**current.partitions, 2: (None, 0), 3: (None, 0)})
+    new = assign_owners(grown, 4, ["a", "b"])
+    assert all(owner is not None for owner, _ in new.partitions.values())
+    assert new.partitions[0] == current.partitions[0]  # the old ones do not move
+    assert new.partitions[1] == current.partitions[1]
+    assert sorted(o for o, _ in new.partitions.values()) == ["a", "a", "b", "b"]

@@ -145,6 +145,7 @@ class ServerCoordinator:
         self.zk.add_listener(self._state_changed)
         await self._run(self._register)
         self.connected = True
+        self.zk.DataWatch(self.paths.cluster, self._cluster_changed)
         self.zk.DataWatch(self.paths.access, self._access_changed)
         self.zk.DataWatch(self.paths.retention, self._retention_changed)
         self.zk.DataWatch(self.paths.assignment, self._assignment_changed)
@@ -209,6 +210,30 @@ class ServerCoordinator:
             with contextlib.suppress(NoNodeError):
                 self.zk.delete(path)
             self.zk.create(path, data, ephemeral=True)
+
+    def _cluster_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
+        if data is None:
+            return
+        try:
+            params = ClusterParams.decode(data)
+        except MetadataError as e:
+            log.error("ignoring an unreadable cluster node: %s", e)
+            return
+        self._post(self._set_params, params)
+
+    def _set_params(self, params: ClusterParams) -> None:
+        """Only a growth of the partitions is taken: the new ones get owners."""
+        current = self.params
+        assert current is not None
+        if params.num_partitions <= current.num_partitions or params.key != current.key:
+            return
+        log.info(
+            "the cluster grew from %d to %d partitions",
+            current.num_partitions,
+            params.num_partitions,
+        )
+        self.params = params
+        self._request_rebalance()
 
     def _access_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         if data is None:
@@ -343,9 +368,12 @@ class ServerCoordinator:
             live = self.zk.get_children(self.paths.servers)
             if assigner(live) != self.registration.server_id:
                 return
+            # The count read now, not the one of the last watch event: the assigner must
+            # never place fewer partitions than the cluster has.
+            num_partitions = read_params(self.zk, self.paths.root).num_partitions
             data, stat = self.zk.get(self.paths.ownership)
             current = Ownership.decode(data)
-            new = assign_owners(current, self.params.num_partitions, live)
+            new = assign_owners(current, num_partitions, live)
             if new == current:
                 return
             try:

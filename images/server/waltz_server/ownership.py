@@ -46,6 +46,11 @@ def assign_owners(current: Ownership, num_partitions: int, live: Iterable[str]) 
         before = current.partitions.get(p, (None, 0))[0]
         moved = owners[p] != before
         out[p] = (owners[p], generations[p] + 1 if moved else generations[p])
+    # Partitions beyond the count this server knows were added since it read it: kept as
+    # they are, never dropped (a newer assigner places them).
+    for p, entry in current.partitions.items():
+        if p >= num_partitions:
+            out[p] = entry
     return Ownership(out)
 
 
