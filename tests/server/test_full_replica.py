@@ -75,7 +75,7 @@ def test_a_full_replica_is_left_out_and_comes_back_when_space_is_freed(small_dis
                 puts = [
                     client.submit(Put(bytes([i % 256]) * 4096)) for i in range(start, start + 50)
                 ]
-                assert all(await asyncio.gather(*puts))
+                assert all(r.committed for r in await asyncio.gather(*puts))
 
     def server_metric(name: str) -> int:
         _, text = http(cluster.servers[0].ready["http_port"], "/metrics")
