@@ -1,8 +1,8 @@
 """The control file ``waltz-storage.ctl``: byte layout, alternating CRC'd slots, fallback, errors.
 
-Also the node-level consequences: a cluster-key or partition-count mismatch
-refuses the whole node, while a partition whose two slots are both damaged is
-kept unavailable and the other partitions serve.
+Also the node-level consequences: a cluster-key mismatch, or more partitions on disk
+than configured, refuses the whole node, while a partition whose two slots are both
+damaged is kept unavailable and the other partitions serve.
 """
 
 from __future__ import annotations
@@ -486,12 +486,15 @@ def test_node_with_another_cluster_key_is_refused_naming_both_fingerprints(tmp_p
     assert ctl_path(tmp_path).read_bytes() == before
 
 
-def test_node_with_another_partition_count_is_refused(tmp_path: Path) -> None:
+def test_node_with_more_partitions_on_disk_than_configured_is_refused(tmp_path: Path) -> None:
+    """Partitions never shrink (fewer on disk grows: test_partition_growth)."""
     open_node(tmp_path, {0}).close()
-    with pytest.raises(ControlFileError, match=r"has 3 partitions.*configured with 4"):
-        open_node(tmp_path, {0}, num=4)
+    before = ctl_path(tmp_path).read_bytes()
+    with pytest.raises(ControlFileError, match=r"has 3 partitions.*configured with 2"):
+        open_node(tmp_path, {0}, num=2)
     with pytest.raises(ControlFileError, match=r"partitions \[3\] are outside 0\.\.2"):
         open_node(tmp_path, {0, 3})
+    assert ctl_path(tmp_path).read_bytes() == before
 
 
 def test_partition_with_both_slots_damaged_stays_unavailable_others_serve(tmp_path: Path) -> None:

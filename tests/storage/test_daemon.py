@@ -195,15 +195,17 @@ def test_cluster_key_mismatch_with_existing_directory_exits_2(storage_factory, t
     assert node.get("/readyz")[0] == 200
 
 
-def test_partition_count_mismatch_with_existing_directory_exits_2(storage_factory, tmp_path):
+def test_fewer_partitions_than_the_existing_directory_exits_2(storage_factory, tmp_path):
+    """Partitions never shrink; more than the directory has grows it
+    (test_partition_growth)."""
     node = storage_factory()
     assert node.stop() == 0
     args = good_args(
         tmp_path,
         directory=str(node.directory),
-        **{"cluster-key": str(node.key), "num-partitions": "8", "partitions": "0-7"},
+        **{"cluster-key": str(node.key), "num-partitions": "2", "partitions": "0-1"},
     )
-    line = assert_setting_error(run_daemon(args), "8")
+    line = assert_setting_error(run_daemon(args), "2")
     assert "4" in line
 
 

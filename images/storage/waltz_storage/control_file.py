@@ -15,12 +15,17 @@ Layout (big-endian; docs/on-disk.md has the table)::
 An update writes the slot that does not hold the newest valid struct, with
 the sequence number one higher, and fsyncs. A torn write can damage only
 that slot; the reader then falls back to the other (the previous state).
+
+The partition count only grows (``grow``): the whole file is written anew next to it
+and renamed over it, so a crash leaves either the old file or the new one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -90,8 +95,28 @@ def slot_offset(partition_id: int, slot: int) -> int:
     return entry_offset(partition_id) + _PARTITION_ID.size + INFO_BYTES * slot
 
 
+def fresh_entries(first: int, end: int) -> bytes:
+    """The entries of partitions ``first..end-1`` as ``create`` writes them: slot 0 with
+    sequence 0, slot 1 with sequence 1, both valid and empty (slot 1 is the newest)."""
+    initial = PartitionInfo()
+    slot0, slot1 = initial.encode(), replace(initial, sequence=1).encode()
+    return b"".join(_PARTITION_ID.pack(p) + slot0 + slot1 for p in range(first, end))
+
+
+def check_growth(current: int, new_count: int) -> bool:
+    """Whether going from ``current`` partitions to ``new_count`` grows the file (False:
+    already there). Fewer raises: a partition, once it exists, keeps its session state."""
+    if new_count < current:
+        raise ControlFileError(
+            f"partitions never shrink: the control file has {current}, asked for {new_count}"
+        )
+    return new_count > current
+
+
 class ControlFile:
-    """An open control file. Partition updates from different threads are safe (pwrite)."""
+    """An open control file. Partition updates from different threads are safe: every use
+    of the file descriptor holds a lock, which ``grow`` holds while it replaces the file
+    (an update made to the old file during the copy would be lost)."""
 
     def __init__(
         self,
@@ -104,6 +129,7 @@ class ControlFile:
     ) -> None:
         self.path = path
         self._fd = fd
+        self._lock = threading.Lock()
         self.version = version
         self.created_ms = created_ms
         self.cluster_key = cluster_key
@@ -122,21 +148,9 @@ class ControlFile:
             raise ControlFileError(f"number of partitions must be at least 1, got {num_partitions}")
         path = os.path.join(directory, CONTROL_FILE_NAME)
         created_ms = int(time.time() * 1000)
-        parts = [cls.encode_header(cluster_key, num_partitions, created_ms)]
-        initial = PartitionInfo()
-        for p in range(num_partitions):
-            # Slot 0 sequence 0, slot 1 sequence 1: both valid, slot 1 newest.
-            parts.append(_PARTITION_ID.pack(p))
-            parts.append(initial.encode())
-            parts.append(replace(initial, sequence=1).encode())
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, b"".join(parts))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
+        image = cls.encode_header(cluster_key, num_partitions, created_ms)
+        image += fresh_entries(0, num_partitions)
+        os.close(_write_beside(path, image))
         fsync_directory(directory)
         return cls.open(directory)
 
@@ -173,6 +187,41 @@ class ControlFile:
             raise
         return cls(path, fd, version, created_ms, uuid.UUID(bytes=key), num_partitions)
 
+    def grow(self, new_count: int) -> bool:
+        """Grow the file to ``new_count`` partitions, the new ones in the state ``create``
+        writes; True if it grew (False: it has ``new_count`` already). Fewer raises
+        ControlFileError.
+
+        Crash-safe: the complete new file is written and fsync'd under a temporary name,
+        renamed over this one and the directory fsync'd, so the file on disk is always
+        the old one or the new one (a torn header written in place would make it
+        unopenable). The old partitions' entries are copied byte for byte."""
+        with self._lock:
+            if not check_growth(self.num_partitions, new_count):
+                return False
+            old_end = entry_offset(self.num_partitions)
+            entries = os.pread(self._fd, old_end - HEADER_BYTES, HEADER_BYTES)
+            if len(entries) != old_end - HEADER_BYTES:
+                raise ControlFileError(
+                    f"{self.path}: shorter than its {self.num_partitions} entries"
+                )
+            image = (
+                self.encode_header(self.cluster_key, new_count, self.created_ms)
+                + entries
+                + fresh_entries(self.num_partitions, new_count)
+            )
+            fd = _write_beside(self.path, image)
+            # From the rename on, the path names the new file: its descriptor (opened
+            # before the rename, so no reopen can fail) replaces the old one at once, or
+            # updates would go to the replaced file.
+            os.close(self._fd)
+            self._fd = fd
+            self.num_partitions = new_count
+            # Still under the lock: no update lands in the new file before its name is
+            # durable (a crash before this fsync may bring back the old file).
+            fsync_directory(os.path.dirname(self.path) or ".")
+            return True
+
     def _check_partition(self, partition_id: int) -> None:
         if not 0 <= partition_id < self.num_partitions:
             raise ControlFileError(
@@ -181,6 +230,10 @@ class ControlFile:
 
     def read_slots(self, partition_id: int) -> tuple[PartitionInfo | None, PartitionInfo | None]:
         """Both slots of a partition; a slot with a bad checksum reads as None."""
+        with self._lock:
+            return self._read_slots(partition_id)
+
+    def _read_slots(self, partition_id: int) -> tuple[PartitionInfo | None, PartitionInfo | None]:
         self._check_partition(partition_id)
         entry = os.pread(self._fd, ENTRY_BYTES, entry_offset(partition_id))
         (stored_id,) = _PARTITION_ID.unpack_from(entry)
@@ -210,19 +263,42 @@ class ControlFile:
 
     def write_partition(self, partition_id: int, info: PartitionInfo) -> PartitionInfo:
         """Persist ``info`` into the slot not holding the newest struct; fsync; return it."""
-        a, b = self.read_slots(partition_id)
-        if a is None and b is None:
-            newest_slot, sequence = 1, 0
-        elif b is None or (a is not None and a.sequence > b.sequence):
-            newest_slot, sequence = 0, a.sequence  # type: ignore[union-attr]
-        else:
-            newest_slot, sequence = 1, b.sequence
-        stored = replace(info, sequence=sequence + 1)
-        os.pwrite(self._fd, stored.encode(), slot_offset(partition_id, 1 - newest_slot))
-        os.fsync(self._fd)
-        return stored
+        with self._lock:
+            a, b = self._read_slots(partition_id)
+            if a is None and b is None:
+                newest_slot, sequence = 1, 0
+            elif b is None or (a is not None and a.sequence > b.sequence):
+                newest_slot, sequence = 0, a.sequence  # type: ignore[union-attr]
+            else:
+                newest_slot, sequence = 1, b.sequence
+            stored = replace(info, sequence=sequence + 1)
+            os.pwrite(self._fd, stored.encode(), slot_offset(partition_id, 1 - newest_slot))
+            os.fsync(self._fd)
+            return stored
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def _write_beside(path: str, image: bytes) -> int:
+    """Write ``image`` to ``path.tmp``, fsync it and rename it over ``path``; a read-write
+    descriptor of the new file. The caller fsyncs the directory (the rename is durable only
+    then). A crash leaves ``path`` as it was or as ``image``, and at worst a stale
+    ``path.tmp``, which the next call truncates; a failure removes the temporary file."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(image)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        os.replace(tmp, path)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return fd

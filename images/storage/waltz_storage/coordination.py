@@ -1,9 +1,10 @@
 """Following the cluster's metadata in ZooKeeper: which partitions this storage node holds.
 
-The decisions are pure (``partitions_of``, ``plan_change``,
+The decisions are pure (``partitions_of``, ``plan_change``, ``count_to_follow``,
 ``replica_safety.still_needed``); ``ClusterFollower`` is the thin shell: kazoo runs
-in its own thread and hands each new replica assignment (and each change of a
-retiring partition's metadata) to the event loop with ``call_soon_threadsafe``.
+in its own thread and hands each new replica assignment, each new version of the
+cluster's parameters (the partition count grows) and each change of a retiring
+partition's metadata to the event loop with ``call_soon_threadsafe``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import uuid
 from collections.abc import Callable
 
 from kazoo.client import KazooClient
@@ -25,6 +27,7 @@ from waltz_client.cluster.metadata import (
     MetadataError,
     PartitionMetadata,
     ReplicaAssignment,
+    key_fingerprint,
 )
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.replica_safety import still_needed
@@ -48,6 +51,24 @@ def plan_change(
     longer assigned here that stay (or, after a restart, are again) open while their next
     recovery needs this node's vote."""
     return sorted((assigned | retiring) - current), sorted(current - assigned - retiring)
+
+
+def count_to_follow(held: int, key: uuid.UUID, params: ClusterParams) -> int:
+    """The partition count this node should have once it follows ``params``: the
+    cluster's, when it is at least ``held`` (the control file's). ClusterError when the
+    parameters are another cluster's (a different key) or have fewer partitions than
+    ``held`` (partitions never shrink): then the node keeps what it has."""
+    if params.key != key:
+        raise ClusterError(
+            f"the cluster's key is now {key_fingerprint(params.key)}, this node's is "
+            f"{key_fingerprint(key)}: not following its partition count"
+        )
+    if params.num_partitions < held:
+        raise ClusterError(
+            f"the cluster has {params.num_partitions} partitions, fewer than the {held} of "
+            f"this node's control file (partitions never shrink): keeping {held}"
+        )
+    return params.num_partitions
 
 
 def default_advertised_address(host: str, port: int) -> str:
@@ -98,6 +119,38 @@ class ClusterFollower:
                     log.warning("%s; waiting for it", e)
                     warned = True
                 await asyncio.sleep(poll)
+
+    async def current_params(self) -> ClusterParams:
+        """The cluster's parameters as ZooKeeper has them now. Read on the session that
+        watches: it sees at least everything its watches have reported (ZooKeeper orders a
+        session's reads and notifications), so after an assignment that names a new
+        partition, the count written with it."""
+        zk = self._zk
+        if zk is None:
+            raise ClusterError("not connected to ZooKeeper")
+        return await asyncio.get_running_loop().run_in_executor(
+            None, read_params, zk, self.paths.root
+        )
+
+    def watch_params(self, on_change: Callable[[ClusterParams], None]) -> None:
+        """Call ``on_change`` on the event loop with every version of the cluster's
+        parameters (its partition count grows: ``waltz cluster add-partitions``)."""
+        assert self._zk is not None
+        loop = asyncio.get_running_loop()
+        path = self.paths.cluster
+
+        def watcher(data: bytes | None, _stat: object) -> None:  # kazoo's thread
+            if data is None:
+                log.error("%s was deleted; keeping the current partition count", path)
+                return
+            try:
+                params = ClusterParams.decode(data)
+            except MetadataError as e:
+                log.error("%s: %s; keeping the current partition count", path, e)
+                return
+            loop.call_soon_threadsafe(on_change, params)
+
+        self._zk.DataWatch(path, watcher)
 
     def watch_assignment(self, on_change: Callable[[ReplicaAssignment], None]) -> None:
         """Call ``on_change`` on the event loop with every version of the replica assignment."""

@@ -9,7 +9,8 @@ import signal
 import sys
 import uuid
 
-from waltz_client.cluster.metadata import ReplicaAssignment, key_fingerprint
+from waltz_client.cluster.errors import ClusterError
+from waltz_client.cluster.metadata import ClusterParams, ReplicaAssignment, key_fingerprint
 from waltz_client.cluster.partition_ranges import format_partition_ranges
 from waltz_client.runtime.daemon import HttpThread, run_daemon, settle_heap, write_ready_file
 from waltz_client.runtime.peer_limits import peer_limits_of
@@ -17,7 +18,13 @@ from waltz_client.runtime.tls import TlsContexts, warn_plaintext
 from waltz_client.wire.native import describe as describe_loops
 
 from .config import ConfigError, StorageConfig, load_config
-from .coordination import ClusterFollower, default_advertised_address, partitions_of, plan_change
+from .coordination import (
+    ClusterFollower,
+    count_to_follow,
+    default_advertised_address,
+    partitions_of,
+    plan_change,
+)
 from .errors import ControlFileError
 from .http import build_app
 from .server import ServerSettings, StorageServer
@@ -199,11 +206,12 @@ async def _follow_assignment(
     follower: ClusterFollower,
     port: int,
 ) -> str:
-    """Open the partitions the replica assignment gives this node, and keep following it;
-    the address this node is known by there."""
+    """Open the partitions the replica assignment gives this node, and keep following it
+    and the cluster's partition count; the address this node is known by there."""
     advertised = config.advertised_address or default_advertised_address(config.host, port)
     first_assignment = asyncio.Event()
     apply = AssignmentApplier(node, server, advertised, follower)
+    follower.watch_params(apply.cluster_changed)
     follower.watch_assignment(lambda a: apply.submit(a, first_assignment))
     await first_assignment.wait()
     return advertised
@@ -226,12 +234,17 @@ def _log_serving(
 
 
 class AssignmentApplier:
-    """Opens and closes partitions as the replica assignment changes, one change at a time.
+    """Opens and closes partitions as the replica assignment changes, and grows the
+    control file as the cluster's partition count grows, one change at a time.
 
     A partition no longer assigned here stays open while it is a member of the
     partition's last writing session: the next recovery counts its vote (removing it at
     once could leave that vote undecidable). The partition's metadata is watched and the
-    partition closed once a newer session no longer lists it as a member."""
+    partition closed once a newer session no longer lists it as a member.
+
+    The count and the assignment change in one ZooKeeper transaction, but their watches
+    report in either order: an assignment naming a partition beyond the node's count
+    makes it read the count and grow before it opens that partition."""
 
     def __init__(
         self, node: StorageNode, server: StorageServer, address: str, follower: ClusterFollower
@@ -246,11 +259,30 @@ class AssignmentApplier:
         self._started = False  # the first assignment after start looks at the disk too
         self._task: asyncio.Task | None = None
         self._applied: list[asyncio.Event] = []
+        self._wanted_count = node.num_partitions  # the highest count the cluster reported
 
     def submit(self, assignment: ReplicaAssignment, applied: asyncio.Event | None = None) -> None:
         self._latest = assignment
         if applied is not None:
             self._applied.append(applied)
+        self._run()
+
+    def cluster_changed(self, params: ClusterParams) -> None:
+        """A new version of the cluster's parameters: grow to its partition count."""
+        if self._follow_count(params):
+            self._run()
+
+    def _follow_count(self, params: ClusterParams) -> bool:
+        """Note the count ``params`` give; True if the node has to grow to it."""
+        try:
+            count = count_to_follow(self._node.num_partitions, self._node.cluster_key, params)
+        except ClusterError as e:
+            log.error("%s", e)
+            return False
+        self._wanted_count = max(self._wanted_count, count)
+        return self._wanted_count > self._node.num_partitions
+
+    def _run(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._apply())
             self._task.add_done_callback(_log_failure)
@@ -260,18 +292,50 @@ class AssignmentApplier:
             self.submit(self._latest or self._current)
 
     async def _apply(self) -> None:
-        while self._latest is not None:
+        while self._latest is not None or self._wanted_count > self._node.num_partitions:
             assignment, self._latest = self._latest, None
-            self._current = assignment
+            if assignment is not None:
+                self._current = assignment
             try:
-                await self._apply_one(assignment)
+                await self._grow()
+                if assignment is not None:
+                    await self._apply_one(assignment)
             except Exception as e:  # ZooKeeper unreachable, a disk error: try again
-                log.error("applying the replica assignment failed: %s; retrying in 2 s", e)
+                log.error(
+                    "applying the replica assignment or partition count failed: %s; "
+                    "retrying in 2 s",
+                    e,
+                )
                 await asyncio.sleep(2.0)
                 self._latest = self._latest or assignment
         for event in self._applied:
             event.set()
         self._applied.clear()
+
+    async def _grow(self) -> None:
+        """Grow the control file to the highest count the cluster reported (if above it)."""
+        if self._wanted_count > self._node.num_partitions:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._node.grow, self._wanted_count)
+
+    async def _within_count(self, assigned: set[int]) -> set[int]:
+        """``assigned``, once the node has grown to hold them all. One beyond its count:
+        the assignment's watch reported before the count's; the count was written in the
+        same transaction, so read it now and grow first. Partitions beyond even the
+        cluster's count (a broken assignment) are left out, with an error."""
+        if all(p < self._node.num_partitions for p in assigned):
+            return assigned
+        self._follow_count(await self._follower.current_params())
+        await self._grow()
+        beyond = {p for p in assigned if p >= self._node.num_partitions}
+        if beyond:
+            log.error(
+                "the replica assignment gives this node partitions %s, outside the cluster's "
+                "0..%d: not opening them",
+                format_partition_ranges(beyond),
+                self._node.num_partitions - 1,
+            )
+        return assigned - beyond
 
     async def _apply_one(self, assignment: ReplicaAssignment) -> None:
         loop = asyncio.get_running_loop()
@@ -282,7 +346,7 @@ class AssignmentApplier:
                 ", ".join(sorted(assignment.storages)) or "none",
             )
         current = set(self._node.partitions)
-        assigned = partitions_of(assignment, self._address)
+        assigned = await self._within_count(partitions_of(assignment, self._address))
         candidates = current - assigned
         if not self._started:
             # After a restart: a partition removed from this node shortly before may still

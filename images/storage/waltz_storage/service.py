@@ -138,6 +138,29 @@ def _forget_state(
     )
 
 
+def partition_count_refusal(requested: int, held: int) -> str | None:
+    """Why an Open with ``requested`` partitions is refused by a node whose control file
+    has ``held`` (None: accepted). Fewer is accepted: the cluster grew and the peer has
+    not read it yet; it addresses only partitions that exist here too."""
+    if requested < 1:
+        return f"the request's partition count {requested} is not a partition count"
+    if requested > held:
+        return (
+            f"the cluster has {requested} partitions by the request, but this storage node "
+            f"has only {held} by its control file: it has not followed the cluster's growth "
+            f"yet (try again shortly)"
+        )
+    return None
+
+
+def _grow(control: ControlFile, new_count: int) -> bool:
+    before = control.num_partitions
+    grew = control.grow(new_count)
+    if grew:
+        log.info("%s: grew from %d to %d partitions", control.path, before, new_count)
+    return grew
+
+
 class StorageNode:
     """The control file and the partitions held by one storage node."""
 
@@ -204,9 +227,10 @@ class StorageNode:
     ) -> StorageNode:
         """Open (or initialise) the storage directory and recover each held partition.
 
-        A key or partition-count mismatch with an existing control file raises
-        ControlFileError. A partition that fails to open is kept as unavailable,
-        with the reason, and the others serve.
+        A key mismatch with an existing control file raises ControlFileError, and so does
+        a control file with more partitions than ``num_partitions``; one with fewer grows
+        (the cluster grew while this node was down). A partition that fails to open is
+        kept as unavailable, with the reason, and the others serve.
         """
         settings = settings or EngineSettings()
         metrics = metrics or StorageMetrics()
@@ -236,7 +260,8 @@ class StorageNode:
                     f"{key_fingerprint(control.cluster_key)}, but this node is configured with "
                     f"the key {key_fingerprint(cluster_key)}"
                 )
-            if control.num_partitions != num_partitions:
+            if control.num_partitions > num_partitions:
+                # Partitions never shrink: another cluster's file, or a wrong setting.
                 raise ControlFileError(
                     f"{control.path} has {control.num_partitions} partitions, but this node is "
                     f"configured with {num_partitions}"
@@ -244,6 +269,7 @@ class StorageNode:
             bad = sorted(p for p in partitions if not 0 <= p < num_partitions)
             if bad:
                 raise ControlFileError(f"partitions {bad} are outside 0..{num_partitions - 1}")
+            _grow(control, num_partitions)
         except BaseException:
             control.close()
             raise
@@ -304,6 +330,13 @@ class StorageNode:
         )
         return PartitionService(partition_id, control, settings, metrics, plog, info)
 
+    def grow(self, new_count: int) -> bool:
+        """The cluster now has ``new_count`` partitions: grow the control file (crash-safe,
+        see ``ControlFile.grow``); True if it grew. From then on partitions below
+        ``new_count`` can be added and Opens with that count are accepted. Fewer than
+        now raises ControlFileError (partitions never shrink). Blocking: a worker thread."""
+        return _grow(self.control, new_count)
+
     def add_partition(self, partition_id: int) -> PartitionService:
         """Open (creating if new) a partition newly assigned to this node."""
         if not 0 <= partition_id < self.num_partitions:
@@ -342,7 +375,10 @@ class StorageNode:
             svc.close()
 
     def check_open(self, request: OpenRequest) -> StorageMessage:
-        """The answer to a connection's Open request: cluster key and partition count must match."""
+        """The answer to a connection's Open request: the cluster key must match, and the
+        partition count must not be above this node's. A lower count is a peer that has
+        not seen the cluster grow yet (it only addresses partitions that exist); a higher
+        one is growth this node has not followed yet (the peer tries again)."""
         s, q, p = request.session_id, request.seq, request.partition_id
         if request.cluster_key != self.cluster_key:
             self.metrics.errors.labels(StorageError.CLUSTER_KEY_MISMATCH.name).inc()
@@ -353,16 +389,10 @@ class StorageNode:
                 StorageError.CLUSTER_KEY_MISMATCH,
                 "the Open request's cluster key does not match this storage node's cluster",
             )
-        if request.num_partitions != self.num_partitions:
+        refusal = partition_count_refusal(request.num_partitions, self.num_partitions)
+        if refusal is not None:
             self.metrics.errors.labels(StorageError.PARTITION_COUNT_MISMATCH.name).inc()
-            return FailureResponse(
-                s,
-                q,
-                p,
-                StorageError.PARTITION_COUNT_MISMATCH,
-                f"the cluster has {request.num_partitions} partitions by the request, "
-                f"{self.num_partitions} by this storage node's control file",
-            )
+            return FailureResponse(s, q, p, StorageError.PARTITION_COUNT_MISMATCH, refusal)
         return SuccessResponse(s, q, p)
 
     def close(self) -> None:
