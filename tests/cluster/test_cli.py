@@ -606,3 +606,33 @@ def test_unreachable_zookeeper_exits_2_naming_the_address(monkeypatch, capsys) -
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert f"{ERROR} ZooKeeper at {address} did not answer within 1 s" in err
+
+
+def test_add_partitions_grows_and_show_shows_the_grown_cluster(cli, zk, zk_root) -> None:
+    assert cli("create", *create_args()).returncode == 0
+    grown = cli("add-partitions", "--to", "6")
+    assert grown.returncode == 0, grown.stderr
+    assert "grew from 4 to 6 partitions" in grown.stdout
+    again = cli("add-partitions", "--to", "6", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["grown"] is False
+    shown = json.loads(cli("show", "--json").stdout)
+    assert shown["num_partitions"] == 6
+    assert sorted(shown["partitions"]) == [str(p) for p in range(6)]
+    assert all(len(v["replicas"]) == 0 for k, v in shown["partitions"].items() if k in ("4", "5"))
+    text = cli("show")
+    assert text.returncode == 0, text.stdout + text.stderr  # no problems: every replica placed
+
+
+@pytest.mark.parametrize(
+    ("to", "fragment"),
+    [
+        ("3", "partitions are never removed, so it cannot have 3"),
+        ("0", "--to must be a partition count of at least 1"),
+    ],
+)
+def test_add_partitions_refuses_fewer(cli, zk, zk_root, to, fragment) -> None:
+    assert cli("create", *create_args()).returncode == 0
+    before = snapshot(zk, zk_root)
+    proc = cli("add-partitions", "--to", to)
+    assert proc.returncode == 1 and fragment in proc.stderr, proc.stderr
+    assert snapshot(zk, zk_root) == before

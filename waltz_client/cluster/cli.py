@@ -22,6 +22,7 @@ from waltz_client.runtime.tls import TlsFiles
 from .acl import adopt_cluster_acl, credential_from_setting
 from .cli_commands import (
     check_create_is_secured,
+    cmd_add_partitions,
     cmd_add_storage,
     cmd_assign,
     cmd_create,
@@ -185,11 +186,21 @@ def _add_inspection(cmds: Subparsers) -> None:
 
 
 def _add_storage_commands(cmds: Subparsers) -> None:
-    """``add-storage``, ``remove-storage``, ``assign`` and ``unassign``."""
+    """``add-storage``, ``add-partitions``, ``remove-storage``, ``assign``, ``unassign``."""
     p = _command(cmds, "add-storage", "add a storage node", cmd_add_storage)
     p.add_argument("address", metavar="HOST:PORT")
     p.add_argument("--group", type=int, default=0, help="failure domain (default 0)")
     p.add_argument("--partitions", default="", help="partitions it holds, e.g. 0-6,9")
+
+    p = _command(
+        cmds,
+        "add-partitions",
+        "grow the cluster's partitions online (never fewer)",
+        cmd_add_partitions,
+    )
+    p.add_argument(
+        "--to", type=int, required=True, metavar="N", help="the partition count to grow to"
+    )
 
     p = _command(
         cmds,

@@ -312,6 +312,31 @@ def cmd_add_storage(zk: KazooClient, args: argparse.Namespace) -> int:
     return _report(args, a, f"added {args.address}")
 
 
+def cmd_add_partitions(zk: KazooClient, args: argparse.Namespace) -> int:
+    if args.to < 1:
+        raise ClusterError(f"--to must be a partition count of at least 1, got {args.to}")
+    grown = admin.add_partitions(zk, args.root, args.to)
+    new = list(range(grown.before, grown.params.num_partitions))
+    if args.json:
+        _print_json(
+            {
+                "grown": grown.grown,
+                "before": grown.before,
+                "partitions": grown.params.num_partitions,
+                "new": {p: grown.assignment.replicas_of(p) for p in new},
+            }
+        )
+    elif not grown.grown:
+        print(f"the cluster already has {grown.before} partitions: nothing to do")
+    else:
+        print(
+            f"grew from {grown.before} to {grown.params.num_partitions} partitions; "
+            "storage nodes, servers and clients take the new ones as they see the count"
+        )
+        _table(["address", "group", "partitions"], _assignment_rows(grown.assignment))
+    return 0
+
+
 def cmd_remove_storage(zk: KazooClient, args: argparse.Namespace) -> int:
     return _report(
         args, admin.remove_storage(zk, args.root, args.address), f"removed {args.address}"
