@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from server_harness import replica_logs, wait_for
 
 from waltz_client import (
     Transaction,
@@ -132,3 +133,92 @@ def test_growth_under_load_loses_nothing_and_every_partition_serves(make_cluster
             assert len(set(keep.applied[p])) == len(keep.applied[p])  # exactly once
 
     asyncio.run(scenario())
+
+
+class Into(TransactionContext):
+    def __init__(self, partition: int, data: bytes) -> None:
+        self.partition = partition
+        self.data = data
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_data(self.data)
+        return True
+
+
+async def write_each(cluster, partitions: range, count: int, tag: bytes) -> None:
+    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
+    async with WaltzClient(config) as producer:
+        results = await asyncio.gather(
+            *(
+                producer.submit(Into(p, b"%s-%d-%d" % (tag, p, i)))
+                for p in partitions
+                for i in range(count)
+            )
+        )
+        assert all(r.committed for r in results), [r for r in results if not r.committed]
+
+
+def data_of(cluster, partition: int) -> list[list[bytes]]:
+    return [[r.data for r in log] for log in replica_logs(cluster, partition)]
+
+
+def test_a_storage_node_down_during_growth_grows_when_it_returns_and_catches_up(make_cluster):
+    cluster = make_cluster(partitions=2)
+    asyncio.run(write_each(cluster, range(2), 10, b"before"))
+    cluster.storages[2].kill()
+    zk = cluster.zk_connect()
+    try:
+        admin.add_partitions(zk, cluster.layout.root, 4)
+    finally:
+        close(zk)
+    # Two of three replicas live: every partition, old and new, commits.
+    asyncio.run(write_each(cluster, range(4), 10, b"during"))
+    cluster.storages[2].start()  # grows its control file at start, then catches up
+    asyncio.run(write_each(cluster, range(4), 10, b"after"))
+
+    def identical() -> bool:
+        for p in range(4):
+            logs = data_of(cluster, p)
+            expected = 30 if p < 2 else 20
+            if any(len(log) != expected for log in logs) or not logs[0] == logs[1] == logs[2]:
+                return False
+        return True
+
+    wait_for(identical, 120, "the returned node to hold every partition like the others")
+
+
+def test_the_assigner_killed_as_the_cluster_grows_leaves_no_partition_unserved(make_cluster):
+    cluster = make_cluster(partitions=2, servers=2)
+    asyncio.run(write_each(cluster, range(2), 10, b"before"))
+    zk = cluster.zk_connect()
+    try:
+        admin.add_partitions(zk, cluster.layout.root, 6)
+        cluster.servers[0].kill()  # the lowest ID: the assigner, at once
+        wait_for(
+            lambda: list(admin.read_cluster(zk, cluster.layout.root).servers) == ["server-1"],
+            60,
+            "the killed server's registration to expire",
+        )
+
+        def all_owned_by_the_survivor() -> bool:
+            owners = admin.read_cluster(zk, cluster.layout.root).ownership.partitions
+            return len(owners) == 6 and all(o == "server-1" for o, _ in owners.values())
+
+        wait_for(all_owned_by_the_survivor, 60, "the survivor to own all six partitions")
+    finally:
+        close(zk)
+    asyncio.run(write_each(cluster, range(6), 10, b"after"))
+    # Nothing committed before the growth is lost, and every partition serves reads.
+    for p in range(6):
+        records = asyncio.run(read_all(cluster, p))
+        before = [b"before-%d-%d" % (p, i) for i in range(10)] if p < 2 else []
+        assert sorted(records) == sorted(before + [b"after-%d-%d" % (p, i) for i in range(10)])
+
+
+async def read_all(cluster, partition: int) -> list[bytes]:
+    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
+    async with WaltzClient(config) as reader:
+        return [r.data async for r in reader.read(partition)]
