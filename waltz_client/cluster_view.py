@@ -135,27 +135,20 @@ class ClusterView:
     def _set_params(self, params: ClusterParams) -> None:
         """The cluster node changed: only a growth of the partitions is taken."""
         current = self.params
-        if current is None or params.num_partitions == current.num_partitions:
+        if current is None:
             return
-        if params.key != current.key or params.num_partitions < current.num_partitions:
-            log.error(
-                "ignoring a cluster node that is not this cluster grown (%d partitions, key "
-                "%s; this client started with %d, key %s)",
-                params.num_partitions,
-                params.key,
-                current.num_partitions,
-                current.key,
-            )
+        try:
+            grown = current.grown_to(params)
+        except MetadataError as e:
+            log.error("ignoring the cluster node: %s", e)
+            return
+        if grown is None:
             return
         self.params = params
-        log.info(
-            "the cluster grew from %d to %d partitions",
-            current.num_partitions,
-            params.num_partitions,
-        )
+        log.info("the cluster grew from %d to %d partitions", current.num_partitions, grown)
         self._changed.set()
         if self.on_grown is not None:
-            self.on_grown(current.num_partitions, params.num_partitions)
+            self.on_grown(current.num_partitions, grown)
 
     def _ownership_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         if data is None:

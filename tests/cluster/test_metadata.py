@@ -562,3 +562,14 @@ def test_parse_errors(text, fragment) -> None:
 def test_parse_refuses_ids_outside_the_cluster(text) -> None:
     with pytest.raises(ValueError, match=r"outside 0\.\.7"):
         parse_partition_ranges(text, num_partitions=8)
+
+
+def test_a_later_cluster_node_is_this_cluster_grown_or_refused() -> None:
+    key = uuid.uuid4()
+    now = ClusterParams("c", key, 4, 3)
+    assert now.grown_to(ClusterParams("c", key, 4, 3)) is None
+    assert now.grown_to(ClusterParams("c", key, 6, 3)) == 6
+    with pytest.raises(MetadataError, match="fewer than 4 \\(partitions are never removed\\)"):
+        now.grown_to(ClusterParams("c", key, 2, 3))
+    with pytest.raises(MetadataError, match="not this cluster"):
+        now.grown_to(ClusterParams("c", uuid.uuid4(), 6, 3))

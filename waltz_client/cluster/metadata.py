@@ -119,6 +119,22 @@ class ClusterParams:
             },
         )
 
+    def grown_to(self, newer: ClusterParams) -> int | None:
+        """The partition count ``newer`` (a later read of the cluster node) grows this
+        cluster to; None when it has as many. MetadataError when ``newer`` is not this
+        cluster grown: another key, or fewer partitions (they are never removed)."""
+        if newer.key != self.key:
+            raise MetadataError(
+                f"the cluster node now has the key {key_fingerprint(newer.key)}, not "
+                f"{key_fingerprint(self.key)}: not this cluster"
+            )
+        if newer.num_partitions < self.num_partitions:
+            raise MetadataError(
+                f"the cluster node now has {newer.num_partitions} partitions, fewer than "
+                f"{self.num_partitions} (partitions are never removed)"
+            )
+        return newer.num_partitions if newer.num_partitions > self.num_partitions else None
+
     @classmethod
     def decode(cls, data: bytes) -> ClusterParams:
         doc = _load(cls.KIND, data)

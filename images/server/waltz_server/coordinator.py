@@ -225,13 +225,14 @@ class ServerCoordinator:
         """Only a growth of the partitions is taken: the new ones get owners."""
         current = self.params
         assert current is not None
-        if params.num_partitions <= current.num_partitions or params.key != current.key:
+        try:
+            grown = current.grown_to(params)
+        except MetadataError as e:
+            log.error("ignoring the cluster node: %s", e)
             return
-        log.info(
-            "the cluster grew from %d to %d partitions",
-            current.num_partitions,
-            params.num_partitions,
-        )
+        if grown is None:
+            return
+        log.info("the cluster grew from %d to %d partitions", current.num_partitions, grown)
         self.params = params
         self._request_rebalance()
 
