@@ -38,7 +38,7 @@ from waltz_client.cluster.metadata import (
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.retention import RetentionPolicy
 from waltz_client.cluster.zk import close, connect
-from waltz_client.runtime.tasks import wait_for
+from waltz_client.runtime.tasks import spawn, wait_for
 from waltz_client.runtime.tls import TlsFiles
 
 from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay
@@ -97,6 +97,7 @@ class ServerCoordinator:
         self._rebalance_task: asyncio.Task[None] | None = None
         self._rebalance_wanted = asyncio.Event()
         self._reconnect_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()  # policy re-reads after a growth
         self._stopping = False
 
     def set_handlers(
@@ -235,6 +236,20 @@ class ServerCoordinator:
         log.info("the cluster grew from %d to %d partitions", current.num_partitions, grown)
         self.params = params
         self._request_rebalance()
+        # A policy naming a new partition, read before the count rose, was refused as
+        # unreadable: read both again against the new count.
+        spawn(self._reread_policies(), self._background, "re-reading the policies", log)
+
+    async def _reread_policies(self) -> None:
+        for path, changed in (
+            (self.paths.access, self._access_changed),
+            (self.paths.retention, self._retention_changed),
+        ):
+            try:
+                data, stat = await self._run(self.zk.get, path)
+            except NoNodeError:
+                continue
+            changed(data, stat)
 
     def _access_changed(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         if data is None:
