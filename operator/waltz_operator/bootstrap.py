@@ -1,12 +1,13 @@
 """CreateCluster for a WaltzCluster, idempotent across operator restarts and re-deliveries.
 
 The cluster's name in ZooKeeper is ``<namespace>/<name>``, its root the spec's. A cluster
-already at the root with the same name, partition count and replicas per partition is
-adopted, whatever its storage nodes now are (the operator changes those when it scales);
-one with another name is refused and nothing is written; this resource's own cluster with
-another partition count or replica count is reported as an unsupported change. CreateCluster
-itself is one ZooKeeper transaction, so an operator that dies midway leaves either
-nothing or the whole cluster.
+already at the root with the same name and replicas per partition is adopted, whatever its
+storage nodes and partition count now are (the operator changes the storage nodes when it
+scales, and grows the partitions to the spec's: reconcile_decisions.py decides that from
+the count adopted here); one with another name is refused and nothing is written; this
+resource's own cluster with another replica count is reported as an unsupported change.
+CreateCluster itself is one ZooKeeper transaction, so an operator that dies midway leaves
+either nothing or the whole cluster.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .spec import ClusterSpec
 class Created:
     key: str  # the cluster key's fingerprint: the key itself is a secret, never shown
     adopted: bool  # it existed already
+    partitions: int  # the cluster's partition count, as found (or created)
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ def cluster_name(spec: ClusterSpec) -> str:
 @dataclass(frozen=True)
 class Unsupported:
     """This resource's cluster exists, but the spec asks for a change the log cannot make
-    (its partition count or replicas per partition)."""
+    (its replicas per partition)."""
 
     key: str
     reason: str
@@ -70,21 +72,15 @@ def ensure_cluster(
                 f"but this resource's cluster has key {known_key}: it was created anew "
                 f"under the same name; nothing was changed"
             )
-        diffs = [
-            f"{label} is {have}, the resource asks for {want}"
-            for label, have, want in (
-                ("partitions", existing.num_partitions, spec.partitions),
-                ("replicasPerPartition", existing.num_replicas, spec.replicas_per_partition),
-            )
-            if have != want
-        ]
-        if diffs:
+        if existing.num_replicas != spec.replicas_per_partition:
             return Unsupported(
                 key_fingerprint(existing.key),
-                f"the cluster's {'; '.join(diffs)}: changing these is not supported yet; "
-                f"the cluster keeps running as it is (set the spec back to clear this)",
+                f"the cluster's replicasPerPartition is {existing.num_replicas}, the resource "
+                f"asks for {spec.replicas_per_partition}: a partition keeps its replica count "
+                f"for its life, so this change is not supported; the cluster keeps running "
+                f"as it is (set the spec back to clear this)",
             )
-        return Created(key_fingerprint(existing.key), adopted=True)
+        return Created(key_fingerprint(existing.key), True, existing.num_partitions)
     if known_key:
         return Refused(
             f"this resource's cluster (key {known_key}) is not at {paths.root} on "
@@ -100,4 +96,6 @@ def ensure_cluster(
         spec.replicas_per_partition,
         spec.storage_addresses(),
     )
-    return Created(key_fingerprint(result.params.key), adopted=not result.created)
+    return Created(
+        key_fingerprint(result.params.key), not result.created, result.params.num_partitions
+    )

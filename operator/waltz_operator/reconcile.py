@@ -18,9 +18,11 @@ the observing and the status):
 3. scaling down: the next step of ``next_scale_down_step``; scaling up: new storage
    nodes join the assignment once their pods are ready, then replicas are spread to
    them (``next_rebalance_step``);
-4. rolling storage: delete the next pod ``next_pod_to_restart`` names (the StatefulSet
+4. growing the partitions to a larger spec.partitions (``admin.add_partitions``), once
+   no scale is under way;
+5. rolling storage: delete the next pod ``next_pod_to_restart`` names (the StatefulSet
    recreates it with the new template);
-5. the status, from what was observed.
+6. the status, from what was observed.
 
 This module keeps what lasts between reconciles (the last status, the last Warning, one
 lock per cluster) and turns the pipeline's end into an ``Outcome`` for the handlers.

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from waltz_client.cluster.admin import GrowResult
 from waltz_client.cluster.metadata import ReplicaAssignment
 
 from .bootstrap import Created, Refused, Unsupported, cluster_name
@@ -115,6 +116,21 @@ def may_balance(state: Reconciliation) -> bool:
     return scales_up(state) and state.membership is not None and not joining_storage(state)
 
 
+def grows_partitions(state: Reconciliation) -> bool:
+    """A larger spec.partitions is applied once no other change is under way and nothing
+    is refused: one change at a time (new partitions are placed on the storage nodes the
+    assignment has, so not while nodes join or leave)."""
+    return (
+        not state.paused
+        and state.cluster_key is not None
+        and state.view is not None
+        and state.cluster_partitions is not None
+        and state.spec.partitions > state.cluster_partitions
+        and state.progress is None
+        and not state.degraded
+    )
+
+
 def may_roll(state: Reconciliation) -> bool:
     """Rolling waits for every other step: one change at a time."""
     return (
@@ -143,9 +159,9 @@ def cluster_ensured(
     state: Reconciliation, result: Created | Refused | Unsupported
 ) -> Reconciliation:
     if isinstance(result, Created):
-        state = replace(state, cluster_key=result.key)
+        state = replace(state, cluster_key=result.key, cluster_partitions=result.partitions)
         if result.adopted:
-            return state
+            return state.refusing(fewer_partitions(state.spec.partitions, result.partitions))
         spec = state.spec
         return state.told(
             Event(
@@ -165,6 +181,44 @@ def zookeeper_awaited(state: Reconciliation) -> Reconciliation:
     return state.waiting(
         f"changes wait until ZooKeeper at {state.spec.zookeeper} confirms the cluster "
         f"(key {state.known_key}) is at {state.spec.zk_root}"
+    )
+
+
+# --- growing the partitions ----------------------------------------------------------------
+
+
+def fewer_partitions(wanted: int, have: int) -> str | None:
+    """Partitions never shrink. The CRD's rule refuses a lower spec.partitions, so this
+    is a spec that bypassed it, or an adopted cluster that has more partitions than the
+    spec; the cluster keeps them all."""
+    if wanted >= have:
+        return None
+    return (
+        f"spec.partitions is {wanted}, but the cluster has {have} partitions: partitions "
+        f"never shrink, so nothing was changed; set spec.partitions to {have} or more to "
+        f"clear this"
+    )
+
+
+def partitions_grown(state: Reconciliation, result: GrowResult) -> Reconciliation:
+    """After ``admin.add_partitions``. Not grown: the cluster already had that count
+    (grown by someone else since it was read). The storage nodes, servers and clients
+    follow the new count by themselves: what is left is their taking it up, which the
+    monitor's next view shows; the roll waits for that reconcile."""
+    now = result.params.num_partitions
+    state = replace(state, cluster_partitions=now)
+    if not result.grown:
+        return state
+    return state.told(
+        Event("Normal", "PartitionsAdded", f"grew from {result.before} to {now} partitions")
+    ).waiting(f"partitions grown from {result.before} to {now}: the new ones are being taken up")
+
+
+def partitions_not_grown(state: Reconciliation, error: object) -> Reconciliation:
+    """The admin refused (nothing was changed): a refusal, tried again each reconcile."""
+    return state.refusing(
+        f"growing the partitions from {state.cluster_partitions} to {state.spec.partitions} "
+        f"failed: {error}"
     )
 
 

@@ -35,6 +35,7 @@ from .reconcile_decisions import (
     claims_cannot_grow,
     cluster_ensured,
     cluster_key_recalled,
+    grows_partitions,
     join_progress,
     joining_storage,
     leaving_storage,
@@ -43,6 +44,8 @@ from .reconcile_decisions import (
     may_create,
     may_roll,
     ordinal,
+    partitions_grown,
+    partitions_not_grown,
     placement_groups,
     pod_ready,
     recalls_cluster_key,
@@ -114,7 +117,8 @@ class ReconcileSteps:
 
     def pipeline(self) -> tuple[Step[Reconciliation], ...]:
         """Observe; create the cluster; apply the objects (a scale-down keeps the current
-        size until its last step); take one step of a scale, else of a roll; report."""
+        size until its last step); take one step of a scale, else grow the partitions,
+        else take one step of a roll; report."""
         return (
             Step("read-storage-statefulset", self.read_statefulset),
             Step("secure", self.secure),
@@ -135,6 +139,8 @@ class ReconcileSteps:
             Step("join-new-storage", self.join_new_storage, storage_joins),
             Step("place-storage-in-zones", self.place_in_zones, storage_moves_zone),
             Step("balance-replicas", self.balance_replicas, may_balance),
+            # A larger spec.partitions, once nothing above is under way; the roll waits.
+            Step("grow-partitions", self.grow_partitions, grows_partitions),
             Step("roll-storage", self.roll_storage, may_roll),
             Step("recall-cluster-key", cluster_key_recalled, recalls_cluster_key),
             Step("count-ready", self.count_ready),
@@ -237,6 +243,18 @@ class ReconcileSteps:
         if isinstance(result, Created) and not result.adopted:
             state.watched.refresh()
         return cluster_ensured(state, result)
+
+    async def grow_partitions(self, state: Reconciliation) -> Reconciliation:
+        """Grow the cluster to spec.partitions: one ZooKeeper transaction (the count, the
+        new partitions' replicas, their metadata and ownership entries)."""
+        try:
+            result: admin.GrowResult = await self.connections.admin(
+                state.spec, admin.add_partitions, state.spec.partitions
+            )
+        except ClusterError as e:
+            return partitions_not_grown(state, e)
+        state.watched.refresh()  # the next view, and the status, show the new partitions
+        return partitions_grown(state, result)
 
     # --- the objects ------------------------------------------------------------------
 

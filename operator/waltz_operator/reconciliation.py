@@ -58,6 +58,7 @@ class Reconciliation:
 
     # Decided and done.
     cluster_key: str | None = None  # the cluster found (or made) where the spec points
+    cluster_partitions: int | None = None  # its partition count (None: not read)
     create_error: str | None = None
     scale_down: ScaleDownStep | None = None  # None: not scaling down
     storage_size: int | None = None  # the StatefulSet's size to apply (None: the spec's)

@@ -83,7 +83,9 @@ def compute_status(
     """The status subresource's new content."""
     prev = {c["type"]: c for c in (previous or {}).get("conditions", []) if "type" in c}
     o = observed
-    total = spec.partitions
+    # The partitions the spec wants, or those the cluster has when it has more (a lower
+    # spec.partitions is refused: partitions never shrink).
+    total = max(spec.partitions, len(o.partitions))
     with_quorum = sum(1 for p in o.partitions if p.quorum)
     zk_ok = o.zookeeper_error is None
     created = o.cluster_key is not None

@@ -1,6 +1,7 @@
 """CreateCluster for a WaltzCluster against a real ZooKeeper: created once, adopted on
-every later call (also after the operator scaled storage), and a different cluster at
-the same root refused with what differs, nothing written."""
+every later call (also after the operator scaled storage, and whatever its partition
+count: growing it is the reconcile's business), and a different cluster at the same root
+refused with what differs, nothing written."""
 
 from __future__ import annotations
 
@@ -37,30 +38,32 @@ def test_created_once_then_adopted(zk, zk_root):
     assert sorted(state.assignment.storages) == sorted(spec.storage_addresses())
     assert state.assignment.problems(4, 3) == []
     again = ensure_cluster(zk, spec)  # a replayed event, or an operator restart
-    assert again == Created(first.key, adopted=True)
+    assert again == Created(first.key, adopted=True, partitions=4)
 
 
 def test_adopted_after_the_operator_scaled_storage(zk, zk_root):
     spec = spec_at(zk_root)
     key = ensure_cluster(zk, spec).key
     admin.add_storage(zk, zk_root, spec.storage_address(3), partitions={0})
-    assert ensure_cluster(zk, spec_at(zk_root, storage={"replicas": 4})) == Created(key, True)
+    assert ensure_cluster(zk, spec_at(zk_root, storage={"replicas": 4})) == Created(key, True, 4)
 
 
-@pytest.mark.parametrize(
-    ("changes", "words"),
-    [
-        ({"partitions": 8}, "partitions is 4, the resource asks for 8"),
-        ({"replicasPerPartition": 5, "storage": {"replicas": 5}}, "replicasPerPartition is 3"),
-    ],
-    ids=["partitions", "replicas"],
-)
-def test_an_unsupported_change_is_reported_and_nothing_written(zk, zk_root, changes, words):
+def test_another_replica_count_is_unsupported_and_nothing_written(zk, zk_root):
     key = ensure_cluster(zk, spec_at(zk_root)).key
     before = admin.read_cluster(zk, zk_root)
-    result = ensure_cluster(zk, spec_at(zk_root, **changes))
-    assert isinstance(result, Unsupported) and words in result.reason
+    result = ensure_cluster(zk, spec_at(zk_root, replicasPerPartition=5, storage={"replicas": 5}))
+    assert isinstance(result, Unsupported) and "replicasPerPartition is 3" in result.reason
     assert result.key == key and "not supported" in result.reason
+    after = admin.read_cluster(zk, zk_root)
+    assert (after.params, after.assignment) == (before.params, before.assignment)
+
+
+@pytest.mark.parametrize("partitions", [8, 2], ids=["more", "fewer"])
+def test_another_partition_count_is_adopted_with_the_count_found(zk, zk_root, partitions):
+    """Growing (or refusing fewer) is decided by the reconcile: adopting writes nothing."""
+    key = ensure_cluster(zk, spec_at(zk_root)).key
+    before = admin.read_cluster(zk, zk_root)
+    assert ensure_cluster(zk, spec_at(zk_root, partitions=partitions)) == Created(key, True, 4)
     after = admin.read_cluster(zk, zk_root)
     assert (after.params, after.assignment) == (before.params, before.assignment)
 
@@ -85,7 +88,7 @@ def test_a_known_cluster_is_never_created_again_where_the_spec_now_points(zk, zk
     assert isinstance(refused, Refused)
     assert first.key in refused.reason and "spec.zookeeper changed" in refused.reason
     assert zk.exists(zk_root + "-moved") is None
-    assert ensure_cluster(zk, spec_at(zk_root), known_key=first.key) == Created(first.key, True)
+    assert ensure_cluster(zk, spec_at(zk_root), known_key=first.key) == Created(first.key, True, 4)
 
 
 def test_a_cluster_created_anew_under_the_same_name_is_not_adopted(zk, zk_root):

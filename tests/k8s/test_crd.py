@@ -364,23 +364,18 @@ def _without(key: str):
 
 # (what the old resource had changed from _established(), the update, the field, words)
 REFUSED_UPDATES = {
-    "more-partitions": (
-        None,
-        lambda s: s.update(partitions=16),
-        "spec.partitions",
-        "cannot change yet",
-    ),
+    # Partitions grow online (ALLOWED_UPDATES), but never shrink.
     "fewer-partitions": (
         None,
         lambda s: s.update(partitions=4),
         "spec.partitions",
-        "cannot change yet",
+        "partitions never shrink",
     ),
-    "default-partitions-changed": (
+    "fewer-than-the-default-partitions": (
         lambda s: s.pop("partitions"),
-        lambda s: s.update(partitions=5),
+        lambda s: s.update(partitions=3),
         "spec.partitions",
-        "cannot change yet",
+        "partitions never shrink",
     ),
     "more-replicas-per-partition": (
         None,
@@ -488,6 +483,7 @@ def test_transition_rules_refuse_changing_a_fixed_field(before, change, field, w
 
 
 ALLOWED_UPDATES = {
+    "grow-partitions": lambda s: s.update(partitions=16),
     "scale-storage-up": lambda s: s["storage"].update(replicas=7),
     "scale-storage-down": lambda s: s["storage"].update(replicas=3),
     "grow-volumes": lambda s: s["storage"].update(size="1Ti"),
@@ -584,6 +580,13 @@ def test_both_tiers_take_the_pod_scheduling_fields(tier):
     assert list(info.value.absolute_path) == ["spec", tier, "priorityClassName"]
 
 
-def test_descriptions_no_longer_promise_partition_growth():
+def test_partitions_grow_from_the_default_too():
+    """A resource created without spec.partitions has the default, 4, and may grow."""
+    old, new = _update(lambda s: s.pop("partitions"), lambda s: s.update(partitions=5))
+    assert _cel_failures(new, old) == []
+
+
+def test_the_partitions_description_says_they_grow_and_never_shrink():
     partitions = SCHEMA["properties"]["spec"]["properties"]["partitions"]["description"]
-    assert "grow" not in partitions.lower() and "fixed at creation" in partitions
+    assert "Can grow, never shrink" in partitions and "fixed at creation" not in partitions
+    assert "docs/operations.md#growing-the-partitions" in partitions

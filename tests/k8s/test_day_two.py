@@ -36,6 +36,7 @@ from strict_api import make_pki, write_kubeconfig
 from waltz_client.cluster import admin
 from waltz_operator.kube import Connection, KubeApi, connection_from_environment
 from waltz_operator.leader import LeaderElector
+from waltz_operator.spec import parse
 
 STS = "apps/v1/statefulsets"
 PVC = "v1/persistentvolumeclaims"
@@ -301,7 +302,7 @@ async def test_a_statefulset_of_someone_else_is_never_applied_over_or_recreated(
 @pytest.mark.parametrize(
     ("patch", "words"),
     [
-        ({"spec": {"partitions": 8}}, "partitions cannot change"),
+        ({"spec": {"partitions": 2}}, "partitions never shrink"),
         ({"spec": {"zookeeper": {"root": "/elsewhere"}}}, "zookeeper.root cannot be set"),
         ({"spec": {"zookeeper": {"connect": "other:2181"}}}, "zookeeper.connect cannot change"),
         ({"spec": {"storage": {"storageClassName": "fast"}}}, "storageClassName cannot change"),
@@ -332,6 +333,107 @@ async def test_names_the_derived_objects_cannot_carry_are_refused(zookeeper, zk_
             "POST", f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters", doc
         )
         assert response.status == 422 and "metadata.name" in response.body["message"]
+
+
+# --- growing the partitions ---------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_raising_spec_partitions_grows_the_running_cluster(zookeeper, zk, zk_root):
+    """The new partitions in one ZooKeeper transaction: the count, their replicas, their
+    metadata and (unowned) ownership entries; a Normal Event says so, once."""
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS):
+            key = (await created(api))["status"]["clusterKey"]
+            before = admin.read_cluster(zk, zk_root)
+            await patch_cluster(api, {"spec": {"partitions": 6}})
+            added = await eventually(
+                lambda: events(api, "PartitionsAdded"), what="the PartitionsAdded Event"
+            )
+            assert (added[0]["type"], added[0]["message"]) == (
+                "Normal",
+                "grew from 4 to 6 partitions",
+            )
+            state = admin.read_cluster(zk, zk_root)
+            assert state.params.num_partitions == 6 and state.problems == []
+            assert state.params.key == before.params.key
+            for p in (4, 5):
+                assert len(state.assignment.replicas_of(p)) == 3
+                assert p in state.partitions  # its metadata node
+                assert state.ownership.partitions[p] == (None, 0)
+            for p in range(4):  # the old partitions keep their replicas
+                assert state.assignment.replicas_of(p) == before.assignment.replicas_of(p)
+            # The status counts the new partitions, and nothing is refused.
+            body = await eventually(
+                lambda: (
+                    (b := obj(api, WZ, NS, "demo"))
+                    and len(b["status"].get("partitions", [])) == 6
+                    and b["status"]["quorum"].endswith("/6")
+                    and b
+                ),
+                what="six partitions in the status",
+            )
+            assert body["status"]["clusterKey"] == key
+            assert condition(body, "Degraded")["status"] == "False", body["status"]
+            await asyncio.sleep(1.0)  # more reconciles: grown once
+            assert len(events(api, "PartitionsAdded")) == 1
+            assert admin.read_params(zk, zk_root).num_partitions == 6
+            assert not events(api, "ReconcileFailed") and not events(api, "Refused")
+
+
+@pytest.mark.asyncio
+async def test_lowering_spec_partitions_is_refused_by_the_api_server(zookeeper, zk, zk_root):
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root))
+        async with running_operator(api, NS):
+            await created(api)
+            before = admin.read_cluster(zk, zk_root)
+            response = await api.request(
+                "PATCH",
+                f"/apis/waltz.io/v1alpha1/namespaces/{NS}/waltzclusters/demo",
+                {"spec": {"partitions": 3}},
+                content_type="application/merge-patch+json",
+                query={"fieldManager": "kubectl"},
+            )
+            assert response.status == 422, response.body
+            assert "partitions never shrink" in response.body["message"]
+            assert "spec.partitions" in response.body["message"]
+            assert obj(api, WZ, NS, "demo")["spec"]["partitions"] == 4
+            await asyncio.sleep(1.0)
+            after = admin.read_cluster(zk, zk_root)
+            assert (after.params, after.assignment) == (before.params, before.assignment)
+            assert not events(api, "PartitionsAdded")
+
+
+@pytest.mark.asyncio
+async def test_a_cluster_with_more_partitions_than_the_spec_is_adopted_and_refused(
+    zookeeper, zk, zk_root
+):
+    """The CEL rule sees only the resource: an existing cluster with more partitions than
+    a new resource asks for is adopted as it is, and the spec is refused (a Warning and
+    Degraded, naming both counts); nothing changes in ZooKeeper."""
+    doc = cluster_doc(zookeeper, zk_root)
+    admin.create_cluster(zk, zk_root, f"{NS}/demo", 8, 3, parse(doc).storage_addresses())
+    before = admin.read_cluster(zk, zk_root)
+    async with kubernetes_api() as api:
+        create_cluster_object(api, doc)
+        async with running_operator(api, NS):
+            degraded = await eventually(degraded_with(api, "Refused"), what="refused")
+            message = degraded["message"]
+            assert "spec.partitions is 4, but the cluster has 8 partitions" in message
+            warning = await eventually(lambda: events(api, "Refused"), what="the Warning")
+            assert warning[0]["type"] == "Warning"
+            assert "partitions never shrink" in warning[0]["message"]
+            body = obj(api, WZ, NS, "demo")
+            assert condition(body, "ClusterCreated")["status"] == "True"
+            assert body["status"]["quorum"].endswith("/8")
+            # Raised to the cluster's count, the refusal clears.
+            await patch_cluster(api, {"spec": {"partitions": 8}})
+            await eventually(degraded_with(api, "AsDesired"), what="nothing refused")
+        after = admin.read_cluster(zk, zk_root)
+        assert (after.params, after.assignment) == (before.params, before.assignment)
+        assert not events(api, "PartitionsAdded")
 
 
 # --- 5. deletion takes only the cluster's own objects --------------------------------------

@@ -249,3 +249,50 @@ async def test_a_bigger_volume_grows_the_claims_and_keeps_the_pods(
                 )
             await until_ready(api)
             assert kubelet.started == started  # no pod restarted
+
+
+class Grown(Notes):
+    def __init__(self) -> None:
+        super().__init__()
+        self.added: list[int] = []
+
+    def partitions_added(self, partition_ids: list[int]) -> None:
+        self.added += partition_ids
+
+
+@pytest.mark.asyncio
+async def test_more_partitions_are_taken_up_without_a_restart(zookeeper, zk, zk_root, tmp_path):
+    """spec.partitions raised under a running client: the new partitions get an owner and
+    a quorum with no pod restarted, and the client sees them and writes to them."""
+    async with kubernetes_api() as api:
+        kubelet = Kubelet(api, NS, "demo", str(tmp_path / "nodes"))
+        create_cluster_object(api, live_doc(zookeeper, zk_root, storage=3))
+        async with operated_by(api, kubelet):
+            await until_ready(api)
+            started = list(kubelet.started)
+            notes = Grown()
+            config = client_config(zookeeper.connect_string, zk_root)
+            async with WaltzClient(config, notes) as client:
+                assert client.num_partitions == 2
+                await patch_cluster(api, {"spec": {"partitions": 4}})
+                body = await eventually(
+                    lambda: (
+                        (b := obj(api, WZ, NS, "demo"))
+                        and b["status"]["quorum"] == "4/4"
+                        and condition(b, "Ready").get("status") == "True"
+                        and b
+                    ),
+                    180,
+                    what="four partitions, each with a quorum",
+                )
+                assert [p["partition"] for p in body["status"]["partitions"]] == [0, 1, 2, 3]
+                await eventually(lambda: client.num_partitions == 4, 60, what="the client grew")
+                assert sorted(notes.added) == [2, 3]
+                committed = {}
+                for p in (2, 3):
+                    result = await client.submit(Note(p, f"new-{p}"))
+                    assert result.committed, result
+                    committed[p] = {result.transaction_id: f"new-{p}".encode()}
+                await read_back(client, committed)
+            assert admin.read_params(zk, zk_root).num_partitions == 4
+            assert kubelet.started == started  # no pod restarted

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import copy
 import datetime
+import uuid
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from waltz_client.cluster.metadata import ReplicaAssignment
+from waltz_client.cluster.admin import GrowResult
+from waltz_client.cluster.metadata import ClusterParams, ReplicaAssignment
 from waltz_operator.bootstrap import Created, Refused, Unsupported
 from waltz_operator.desired import desired_objects
 from waltz_operator.events import Event
@@ -22,9 +24,13 @@ from waltz_operator.reconcile_decisions import (
     HoldStatefulSet,
     RecreateStatefulSet,
     cluster_ensured,
+    fewer_partitions,
+    grows_partitions,
     join_progress,
     joining_storage,
     leaving_storage,
+    partitions_grown,
+    partitions_not_grown,
     placement_groups,
     refusal_events,
     reported,
@@ -124,11 +130,12 @@ def test_later_progress_replaces_earlier_and_refusals_add_up():
 
 
 def test_a_created_cluster_is_announced_an_adopted_one_is_not():
-    created = cluster_ensured(started(), Created("k-1", adopted=False))
+    created = cluster_ensured(started(), Created("k-1", adopted=False, partitions=2))
     assert created.cluster_key == "k-1" and created.degraded == ()
+    assert created.cluster_partitions == 2
     assert [e.reason for e in created.events] == ["ClusterCreated"]
     assert "2 partitions x 3 replicas, key k-1" in created.events[0].message
-    adopted = cluster_ensured(started(), Created("k-1", adopted=True))
+    adopted = cluster_ensured(started(), Created("k-1", adopted=True, partitions=2))
     assert adopted.cluster_key == "k-1" and adopted.events == ()
 
 
@@ -136,9 +143,76 @@ def test_a_refused_create_and_an_unsupported_change_are_refusals():
     refused = cluster_ensured(started(), Refused("another cluster is there"))
     assert (refused.cluster_key, refused.create_error) == (None, "another cluster is there")
     assert refused.degraded == ("another cluster is there",)
-    unsupported = cluster_ensured(started(), Unsupported("k-1", "partitions cannot change"))
+    unsupported = cluster_ensured(started(), Unsupported("k-1", "replicasPerPartition is 3"))
     assert (unsupported.cluster_key, unsupported.create_error) == ("k-1", None)
-    assert unsupported.degraded == ("partitions cannot change",)
+    assert unsupported.degraded == ("replicasPerPartition is 3",)
+    assert unsupported.cluster_partitions is None  # so nothing grows
+
+
+# --- growing the partitions -----------------------------------------------------------------
+
+
+def test_an_adopted_cluster_with_fewer_partitions_than_the_spec_is_grown_later():
+    adopted = cluster_ensured(started(partitions=8), Created("k-1", adopted=True, partitions=4))
+    assert (adopted.cluster_partitions, adopted.degraded, adopted.events) == (4, (), ())
+
+
+def test_an_adopted_cluster_with_more_partitions_than_the_spec_is_a_refusal():
+    """Partitions never shrink: a spec that asks for fewer (its CEL rule bypassed, or an
+    existing cluster adopted) is refused, naming both counts; nothing changes."""
+    adopted = cluster_ensured(started(partitions=2), Created("k-1", adopted=True, partitions=4))
+    assert adopted.cluster_key == "k-1" and adopted.cluster_partitions == 4
+    assert adopted.degraded == (
+        "spec.partitions is 2, but the cluster has 4 partitions: partitions never shrink, "
+        "so nothing was changed; set spec.partitions to 4 or more to clear this",
+    )
+    assert not grows_partitions(replace(adopted, view=view({})))
+    # The Degraded condition becomes a Warning, once.
+    warned = reported(adopted)
+    assert [(e.type, e.reason) for e in warned.events] == [("Warning", "Refused")]
+    assert "the cluster has 4 partitions" in warned.events[0].message
+
+
+def test_fewer_partitions_only_when_the_spec_asks_for_fewer():
+    assert fewer_partitions(4, 4) is None and fewer_partitions(8, 4) is None
+    assert "spec.partitions is 3, but the cluster has 4" in (fewer_partitions(3, 4) or "")
+
+
+def grow_result(before: int, after: int) -> GrowResult:
+    params = ClusterParams("prod/demo", uuid.UUID(int=1), after, 3)
+    return GrowResult(after != before, before, params, ReplicaAssignment({}))
+
+
+def test_partitions_grow_only_when_the_spec_has_more_and_nothing_else_is_going_on():
+    ready = running(cluster_partitions=1)  # the spec asks for 2
+    assert grows_partitions(ready)
+    assert not grows_partitions(replace(ready, cluster_partitions=2))
+    assert not grows_partitions(replace(ready, cluster_partitions=3))
+    assert not grows_partitions(replace(ready, cluster_partitions=None))  # not read
+    assert not grows_partitions(replace(ready, spec=replace(ready.spec, paused=True)))
+    assert not grows_partitions(replace(ready, cluster_key=None))
+    assert not grows_partitions(replace(ready, view=None))
+    # One change at a time: not while a scale or a volume change is under way, nor while
+    # something is refused.
+    assert not grows_partitions(ready.waiting("scaling storage up: waiting for x"))
+    assert not grows_partitions(ready.refusing("volumes cannot shrink"))
+
+
+def test_grown_partitions_are_an_event_and_progress():
+    grown = partitions_grown(running(cluster_partitions=1), grow_result(1, 2))
+    assert grown.cluster_partitions == 2
+    assert grown.events == (Event("Normal", "PartitionsAdded", "grew from 1 to 2 partitions"),)
+    assert grown.progress == "partitions grown from 1 to 2: the new ones are being taken up"
+    assert not grows_partitions(grown)
+    # Someone grew them meanwhile: nothing to say.
+    already = partitions_grown(running(cluster_partitions=1), grow_result(2, 2))
+    assert (already.cluster_partitions, already.events, already.progress) == (2, (), None)
+
+
+def test_a_refused_growth_is_a_refusal_naming_both_counts():
+    refused = partitions_not_grown(running(cluster_partitions=1), "too few storage nodes")
+    assert refused.degraded == ("growing the partitions from 1 to 2 failed: too few storage nodes",)
+    assert refused.cluster_partitions == 1 and refused.events == ()
 
 
 def test_a_known_cluster_waits_for_zookeeper_to_confirm_it():
@@ -423,6 +497,7 @@ def test_the_declared_order():
         "join-new-storage",
         "place-storage-in-zones",
         "balance-replicas",
+        "grow-partitions",
         "roll-storage",
         "recall-cluster-key",
         *REPORTING,
@@ -502,3 +577,17 @@ async def test_new_storage_joins_before_anything_is_balanced():
     ran = await steps_run(state)
     assert "join-new-storage" in ran
     assert "place-storage-in-zones" not in ran and "balance-replicas" not in ran
+
+
+@pytest.mark.asyncio
+async def test_partitions_grow_after_the_scale_steps_and_before_the_roll():
+    ran = await steps_run(running(cluster_partitions=1))
+    assert ran[ran.index("balance-replicas") + 1 :] == (
+        "grow-partitions",
+        "roll-storage",
+        *REPORTING,
+    )
+    assert "grow-partitions" not in await steps_run(running(cluster_partitions=2))
+    # A step above under way (here, new storage joining) goes first.
+    joining = running(cluster_partitions=1, progress="scaling storage up: new nodes joined")
+    assert "grow-partitions" not in await steps_run(joining)

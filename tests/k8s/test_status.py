@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import pathlib
+from dataclasses import replace
 
 import jsonschema
 import yaml
@@ -62,6 +63,17 @@ def test_a_partition_without_a_majority_is_named():
     assert c["QuorumHealthy"]["status"] == "False"
     assert c["QuorumHealthy"]["message"] == "2/4 partitions hold a quorum; without one: 1, 3"
     assert c["Ready"]["message"] == "not yet: StorageReady, QuorumHealthy"
+
+
+def test_the_quorum_counts_the_partitions_the_spec_wants_or_the_cluster_has():
+    """Growing, the new partitions hold no quorum until they are taken up; with a refused
+    lower spec.partitions, the cluster's partitions are all still counted."""
+    growing = compute_status(replace(SPEC, partitions=6), 7, HEALTHY, None, T0)
+    assert growing["quorum"] == "4/6"
+    assert conditions(growing)["QuorumHealthy"]["status"] == "False"
+    fewer = compute_status(replace(SPEC, partitions=2), 7, HEALTHY, None, T0)
+    assert fewer["quorum"] == "4/4"
+    assert conditions(fewer)["QuorumHealthy"]["status"] == "True"
 
 
 def test_transition_times_move_only_when_a_status_changes():
