@@ -487,7 +487,7 @@ def test_node_with_another_cluster_key_is_refused_naming_both_fingerprints(tmp_p
 
 
 def test_node_with_more_partitions_on_disk_than_configured_is_refused(tmp_path: Path) -> None:
-    """Partitions never shrink (fewer on disk grows: test_partition_growth)."""
+    """Partitions never shrink (fewer on disk grows: test_storage_partition_growth)."""
     open_node(tmp_path, {0}).close()
     before = ctl_path(tmp_path).read_bytes()
     with pytest.raises(ControlFileError, match=r"has 3 partitions.*configured with 2"):

@@ -197,7 +197,7 @@ def test_cluster_key_mismatch_with_existing_directory_exits_2(storage_factory, t
 
 def test_fewer_partitions_than_the_existing_directory_exits_2(storage_factory, tmp_path):
     """Partitions never shrink; more than the directory has grows it
-    (test_partition_growth)."""
+    (test_storage_partition_growth)."""
     node = storage_factory()
     assert node.stop() == 0
     args = good_args(
