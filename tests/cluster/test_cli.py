@@ -27,6 +27,7 @@ from waltz_client.cluster.metadata import (
     ReplicaState,
     ServerRegistration,
 )
+from waltz_client.cluster.partition_ranges import format_partition_ranges
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 
@@ -432,6 +433,8 @@ def test_storage_and_partition_changes(cli, zk, zk_root) -> None:
         (("remove-storage", "s0:9000"), ["refusing to remove s0:9000", "fewer than 2 replicas"]),
         (("unassign", "s1:9000", "0-3"), ["refusing to unassign", "fewer than 2 replicas"]),
         (("remove-storage", "zz:1"), ["zz:1 is not in the cluster"]),
+        (("replace-storage", "zz:1"), ["zz:1 is not in the cluster"]),
+        (("replace-storage", "s0:9000", "--timeout", "0"), ["--timeout must be"]),
         (("add-storage", "s2:9000"), ["s2:9000 is already in the cluster"]),
         (("add-storage", "bad-address"), ["'bad-address' is not host:port"]),
         (("assign", "zz:1", "0"), ["zz:1 is not in the cluster; add it first"]),
@@ -636,3 +639,50 @@ def test_add_partitions_refuses_fewer(cli, zk, zk_root, to, fragment) -> None:
     proc = cli("add-partitions", "--to", to)
     assert proc.returncode == 1 and fragment in proc.stderr, proc.stderr
     assert snapshot(zk, zk_root) == before
+
+
+def test_replace_storage_moves_a_nodes_replicas_and_show_tells_it(cli, zk, zk_root) -> None:
+    """On a cluster no session has written yet, nothing needs copying: one step places
+    s0's replicas on the other nodes, the next gives them up and removes s0."""
+    assert cli("create", *create_args()).returncode == 0
+    assert cli("add-storage", "s3:9000").returncode == 0
+    held = admin.read_assignment(zk, zk_root)[0].storages["s0:9000"]
+    proc = cli("replace-storage", "s0:9000", "--json")
+    assert proc.returncode == 0, proc.stderr
+    step = json.loads(proc.stdout)
+    assert sorted(p for ps in step["assigned"].values() for p in ps) == sorted(held)
+    assert not step["finished"] and "s3:9000" in step["assigned"]  # the least loaded
+
+    proc = cli("replace-storage", "s0:9000", "--wait", "--reason", "disk died")
+    assert proc.returncode == 0, proc.stderr
+    assert "s0:9000 gives up partitions" in proc.stdout
+    assert "s0:9000 is replaced: it left the replica assignment" in proc.stdout
+    assignment = admin.read_assignment(zk, zk_root)[0]
+    assert "s0:9000" not in assignment.storages
+    assert all(len(assignment.replicas_of(p)) == 2 for p in range(4))
+
+    shown = cli("show")
+    assert "storage replacements" in shown.stdout
+    assert "s0:9000: started (waltz cluster replace-storage)" in shown.stdout
+    for target, partitions in step["assigned"].items():
+        moved = format_partition_ranges(partitions)
+        assert f"s0:9000: assigned partitions {moved} to {target}" in shown.stdout
+    assert "s0:9000: removed (left the replica assignment)" in shown.stdout
+    doc = json.loads(cli("show", "--json").stdout)["replacements"]
+    assert doc["replacing"] == {}
+    actions = [e["action"] for e in doc["events"]]
+    assert actions == ["started"] + ["assigned"] * len(step["assigned"]) + ["unassigned", "removed"]
+
+    again = cli("replace-storage", "s0:9000")
+    assert again.returncode == 1 and "s0:9000 is not in the cluster" in error_line(again)
+
+
+def test_replace_storage_with_nowhere_to_go_says_so_and_exits_1(cli, zk, zk_root) -> None:
+    three = ["--name", "prod", "--partitions", "2", "--replicas", "3", "--storage", STORAGES]
+    assert cli("create", *three).returncode == 0
+    before = admin.read_assignment(zk, zk_root)[0]
+    proc = cli("replace-storage", "s0:9000", "--wait")
+    assert proc.returncode == 1
+    assert "no other reachable storage node can hold them" in proc.stdout
+    assert "s0:9000 is not replaced yet (no other node can take some partitions)" in proc.stdout
+    assert admin.read_assignment(zk, zk_root)[0] == before

@@ -42,6 +42,7 @@ from .cli_policies import (
     cmd_revoke,
     cmd_truncate_before,
 )
+from .cli_replace import cmd_replace_storage
 from .errors import ClusterError
 from .paths import ClusterPaths
 from .zk import close, connect
@@ -209,6 +210,23 @@ def _add_storage_commands(cmds: Subparsers) -> None:
         cmd_remove_storage,
     )
     p.add_argument("address", metavar="HOST:PORT")
+
+    p = _command(
+        cmds,
+        "replace-storage",
+        "move a lost storage node's replicas to the other nodes, then remove it",
+        cmd_replace_storage,
+    )
+    p.add_argument("address", metavar="HOST:PORT")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="repeat the steps until the node has left (new replicas copied in first)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)"
+    )
+    p.add_argument("--reason", default="", help="why, for the record `show` prints")
 
     for name, func, help_ in (
         ("assign", cmd_assign, "assign partitions to a storage node"),

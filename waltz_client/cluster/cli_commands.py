@@ -17,10 +17,12 @@ from waltz_client.cluster.partition_ranges import format_partition_ranges, parse
 
 from . import admin
 from .acl import client_ids_acl_of, credential_from_setting, metadata_acl, parse_writer
+from .cli_replace import replacement_lines, replacements_doc
 from .errors import ClusterError
 from .metadata import ReplicaAssignment
 from .paths import ClusterPaths
 from .placement import quorum
+from .replace_storage import read_replacements
 from .secure import describe_acl, secure_cluster
 
 
@@ -169,6 +171,7 @@ def _assignment_rows(a: ReplicaAssignment) -> list[tuple[str, int, str]]:
 
 def cmd_show(zk: KazooClient, args: argparse.Namespace) -> int:
     st = admin.read_cluster(zk, args.root)
+    replacements, _ = read_replacements(zk, args.root)
     if args.json:
         _print_json(
             {
@@ -204,6 +207,7 @@ def cmd_show(zk: KazooClient, args: argparse.Namespace) -> int:
                     for sid, r in st.servers.items()
                 },
                 "still_serving": st.still_serving(),
+                "replacements": replacements_doc(replacements),
                 "problems": st.problems,
             }
         )
@@ -241,6 +245,8 @@ def cmd_show(zk: KazooClient, args: argparse.Namespace) -> int:
             ["address", "partitions"],
             [(a, format_partition_ranges(ps)) for a, ps in kept.items()],
         )
+    for line in replacement_lines(replacements):
+        print(line)
     print("\nservers")
     _table(
         ["server", "endpoint", "http"],

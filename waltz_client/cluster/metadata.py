@@ -357,3 +357,104 @@ class Ownership:
                 raise MetadataError(f"{cls.KIND}: partition {p} server must be a string or null")
             out[int(p)] = (server, _field(cls.KIND, entry, "generation", int, minimum=0))
         return cls(out)
+
+
+# --- storage replacements -------------------------------------------------------------
+
+# Events kept in the record: enough for `waltz cluster show` to tell what happened lately.
+MAX_REPLACEMENT_EVENTS = 100
+
+
+@dataclass(frozen=True)
+class ReplacementEvent:
+    """One step of a storage node's replacement, as `waltz cluster show` lists it."""
+
+    time_ms: int
+    storage: str  # the node being replaced
+    action: str  # "started", "assigned", "unassigned", "removed"
+    partitions: tuple[int, ...] = ()
+    to: str = ""  # the new replica's node, for "assigned"
+    detail: str = ""
+
+
+REPLACEMENT_ACTIONS = ("started", "assigned", "unassigned", "removed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Replacing:
+    """A replacement under way: since when (ms), why, and whether the servers started it
+    (``replace_storage_after``) or a person did (``waltz cluster replace-storage``)."""
+
+    since_ms: int
+    reason: str
+    automatic: bool
+
+
+@dataclass(frozen=True)
+class StorageReplacements:
+    """The storage nodes being replaced and the latest steps taken. A replacement
+    recorded here is carried on by whichever server is the assigner; one the servers
+    started themselves (``automatic``) is cancelled if its node is reachable again before
+    any partition took a new replica."""
+
+    replacing: dict[str, Replacing] = field(default_factory=dict)
+    events: tuple[ReplacementEvent, ...] = ()
+
+    KIND = "storage-replacements"
+
+    def with_events(self, *events: ReplacementEvent) -> StorageReplacements:
+        kept = (*self.events, *events)[-MAX_REPLACEMENT_EVENTS:]
+        return StorageReplacements(dict(self.replacing), kept)
+
+    def encode(self) -> bytes:
+        return _encode(
+            self.KIND,
+            {
+                "replacing": {
+                    s: {"since_ms": r.since_ms, "reason": r.reason, "automatic": r.automatic}
+                    for s, r in sorted(self.replacing.items())
+                },
+                "events": [
+                    {
+                        "time_ms": e.time_ms,
+                        "storage": e.storage,
+                        "action": e.action,
+                        "partitions": list(e.partitions),
+                        "to": e.to,
+                        "detail": e.detail,
+                    }
+                    for e in self.events
+                ],
+            },
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> StorageReplacements:
+        doc = _load(cls.KIND, data)
+        replacing: dict[str, Replacing] = {}
+        for s, entry in _field(cls.KIND, doc, "replacing", dict).items():
+            if not isinstance(entry, dict):
+                raise MetadataError(f"{cls.KIND}: entry of {s} must be an object")
+            replacing[s] = Replacing(
+                _field(cls.KIND, entry, "since_ms", int, minimum=0),
+                _field(cls.KIND, entry, "reason", str),
+                _field(cls.KIND, entry, "automatic", bool),
+            )
+        events = []
+        for entry in _field(cls.KIND, doc, "events", list):
+            if not isinstance(entry, dict):
+                raise MetadataError(f"{cls.KIND}: an event must be an object, got {entry!r}")
+            action = _field(cls.KIND, entry, "action", str)
+            if action not in REPLACEMENT_ACTIONS:
+                raise MetadataError(f"{cls.KIND}: unknown event action {action!r}")
+            events.append(
+                ReplacementEvent(
+                    _field(cls.KIND, entry, "time_ms", int, minimum=0),
+                    _field(cls.KIND, entry, "storage", str),
+                    action,
+                    tuple(sorted(_partition_list(cls.KIND, entry.get("partitions"), "partitions"))),
+                    _field(cls.KIND, entry, "to", str),
+                    _field(cls.KIND, entry, "detail", str),
+                )
+            )
+        return cls(replacing, tuple(events))

@@ -79,6 +79,11 @@ class ClusterPaths:
         return f"{self.root}/retention"
 
     @property
+    def replacements(self) -> str:
+        """Storage nodes being replaced, and the latest steps (``replace_storage``)."""
+        return f"{self.root}/store/replacements"
+
+    @property
     def client_bindings(self) -> str:
         """Client ID -> the certificate identity it was allocated to (with client TLS); a
         binding's modification time is its last use (``client_ids``)."""

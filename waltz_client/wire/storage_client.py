@@ -370,3 +370,19 @@ class StorageClient:
 def _retrieve(future: asyncio.Future[StorageMessage]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+async def answers_handshake(
+    address: str, timeout: float, open_connection: OpenConnection = asyncio.open_connection
+) -> bool:
+    """Whether the storage node at ``host:port`` answers the handshake within ``timeout``
+    (a probe: refused, timed out, closed midway or another service all count as no)."""
+    host, _, port = address.rpartition(":")
+    try:
+        client = await StorageClient.connect(
+            host, int(port), timeout=timeout, open_connection=open_connection
+        )
+    except Exception:
+        return False
+    await client.close()
+    return True

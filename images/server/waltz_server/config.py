@@ -63,6 +63,14 @@ def _server_id(value: object) -> str:
     return value
 
 
+def _off_or_seconds(value: object) -> float:
+    """0 (off), or at least a second: a shorter wait would replace a node for a blip."""
+    seconds = float_in(0.0, 30 * 86400.0)(value)
+    if 0 < seconds < 1:
+        raise ValueError(f"expected 0 (off) or 1..{30 * 86400} seconds, got {value!r}")
+    return seconds
+
+
 SETTINGS = (
     Setting(
         "zookeeper",
@@ -140,6 +148,13 @@ SETTINGS = (
         float_in(0.1, 600.0),
         5.0,
         "seconds to wait for a storage node to connect and answer during recovery",
+    ),
+    Setting(
+        "replace_storage_after",
+        _off_or_seconds,
+        0.0,
+        "seconds a storage node must fail every probe before the servers move its replicas "
+        "to the other nodes (0: never; see docs/operations.md)",
     ),
     Setting(
         "shared_storage_connections",
@@ -261,6 +276,7 @@ class ServerConfig:
     checkpoint_interval: int
     retention_interval: float
     storage_timeout: float
+    replace_storage_after: float
     shared_storage_connections: bool
     catch_up_inline_records: int
     catch_up_rate: int

@@ -118,6 +118,10 @@ class ServerCoordinator:
     async def _run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
+    async def blocking(self, fn: Callable[[KazooClient, str], T]) -> T:
+        """``fn(zk, root)`` (an admin library call) in a worker thread."""
+        return await self._run(fn, self.zk, self.paths.root)
+
     async def start(self, retry_every: float = 2.0) -> None:
         """Connect, wait for the cluster to exist, register and start following."""
         self._loop = asyncio.get_running_loop()
@@ -366,12 +370,14 @@ class ServerCoordinator:
             else:
                 failures = 0
 
+    @property
+    def is_assigner(self) -> bool:
+        """This server rebalances ownership, sweeps client IDs and replaces lost storage
+        nodes: the lowest live server ID, as far as this server knows."""
+        return self.connected and assigner(self.live_servers) == self.registration.server_id
+
     def _may_retry_rebalance(self) -> bool:
-        return (
-            not self._stopping
-            and self.connected
-            and assigner(self.live_servers) == self.registration.server_id
-        )
+        return not self._stopping and self.is_assigner
 
     def _rebalance_finished(self, task: asyncio.Task[None]) -> None:
         # The loop handles every Exception; anything reaching here is a bug worth a trace.

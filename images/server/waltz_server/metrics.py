@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from .memory_budget import PartitionBounds
 from .partition import Partition
+from .storage_replacer import ReplacementView
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
@@ -35,6 +36,9 @@ class ObservedServer(Protocol):
 
     @property
     def storage_pool(self) -> Sized: ...
+
+    @property
+    def replacement_view(self) -> ReplacementView | None: ...
 
 
 class ServerMetrics:
@@ -68,6 +72,46 @@ class ServerMetrics:
         storage_connections.set_function(lambda: len(server.storage_pool))
         self.registry.register(_PartitionCollector(server))
         self.registry.register(_MemoryCollector(server))
+        self.registry.register(_ReplacementCollector(server))
+
+
+class _ReplacementCollector(Collector):
+    """Storage replacement (storage_replacer.py), on the assigner with
+    replace_storage_after set; nothing elsewhere."""
+
+    def __init__(self, server: ObservedServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._server.replacement_view
+        if view is None:
+            return
+        unreachable = GaugeMetricFamily(
+            "waltz_server_storage_unreachable_seconds",
+            "How long each storage node of the assignment has failed every probe (0: it "
+            "answers); on the assigner",
+            labels=["storage"],
+        )
+        for address, seconds in sorted(view.unreachable_seconds.items()):
+            unreachable.add_metric([address], seconds)
+        replacing = GaugeMetricFamily(
+            "waltz_server_storage_replacing",
+            "1 for each storage node being replaced (recorded in ZooKeeper); on the assigner",
+            labels=["storage"],
+        )
+        for address in sorted(view.replacing):
+            replacing.add_metric([address], 1)
+        steps = CounterMetricFamily(
+            "waltz_server_storage_replacement_steps",
+            "Replacement steps this server took, by action: assigned and unassigned count "
+            "partitions; removed and cancelled count nodes",
+            labels=["action"],
+        )
+        for action in ("assigned", "unassigned", "removed", "cancelled"):
+            steps.add_metric([action], view.steps.get(action, 0))
+        yield unreachable
+        yield replacing
+        yield steps
 
 
 class _MemoryCollector(Collector):

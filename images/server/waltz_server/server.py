@@ -18,6 +18,7 @@ from waltz_client.runtime.listener import listen
 from waltz_client.runtime.peer_limits import PeerGuard, peer_limits_of
 from waltz_client.runtime.tasks import spawn
 from waltz_client.runtime.tls import TlsContexts, tls_open_connection
+from waltz_client.wire.storage_client import answers_handshake
 
 from .catch_up import CatchUpSettings
 from .client_identity import ClientBindings
@@ -26,10 +27,10 @@ from .connection import ClientConnectionHandler, ConnectionLimits
 from .coordinator import ServerCoordinator
 from .memory_budget import PartitionBounds, partition_bounds
 from .metrics import ServerMetrics
-from .ownership import assigner
 from .partition import Partition, PartitionSettings
 from .recovery_manager import RecoveryContext
 from .storage_pool import StoragePool
+from .storage_replacer import ReplacementView, StorageReplacer
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,20 @@ class WaltzServer:
         )
         # One connection a storage node, shared by every partition's store session.
         self.storage_pool = StoragePool(**self._storage_dialer)
+        # Opt-in: the assigner replaces storage nodes that stay unreachable.
+        self.replacer = (
+            StorageReplacer(coordinator, config.replace_storage_after, self._storage_answers)
+            if config.replace_storage_after > 0
+            else None
+        )
+        self._replacing: asyncio.Task | None = None
+
+    @property
+    def replacement_view(self) -> ReplacementView | None:
+        return self.replacer.view if self.replacer is not None else None
+
+    async def _storage_answers(self, address: str, timeout: float) -> bool:
+        return await answers_handshake(address, timeout, **self._storage_dialer)
 
     # --- listening ----------------------------------------------------------------------
 
@@ -114,6 +129,8 @@ class WaltzServer:
         self._client_ids = loop.create_task(
             self.bindings.maintain(self._client_ids_in_use, self._sweeps_client_ids)
         )
+        if self.replacer is not None:
+            self._replacing = loop.create_task(self.replacer.run())
         self.guard.start()
         return self._listener.sockets[0].getsockname()[1]
 
@@ -296,14 +313,15 @@ class WaltzServer:
 
     def _sweeps_client_ids(self) -> bool:
         """One server releases unused client IDs: the assigner (the lowest live ID)."""
-        c = self.coordinator
-        return c.connected and assigner(c.live_servers) == c.registration.server_id
+        return self.coordinator.is_assigner
 
     async def close(self) -> None:
         if self._reconciler is not None:
             self._reconciler.cancel()
         if self._client_ids is not None:
             self._client_ids.cancel()
+        if self._replacing is not None:
+            self._replacing.cancel()
         await self.guard.stop()
         if self._listener is not None:
             self._listener.close()

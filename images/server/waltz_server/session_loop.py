@@ -22,7 +22,7 @@ from typing import Protocol
 from waltz_client.cluster.retention import RetentionPolicy
 from waltz_client.wire.errors import describe
 from waltz_client.wire.records import RecordBatch
-from waltz_client.wire.storage_client import StorageClient
+from waltz_client.wire.storage_client import answers_handshake
 
 from .catch_up import CatchUp
 from .recovery import OwnSession
@@ -275,15 +275,7 @@ class SessionLoop:
 async def _reachable(address: str, context: RecoveryContext, timeout: float = 1.0) -> bool:
     """Whether a storage node answers the handshake (a returning replica: time for a new
     session that includes it)."""
-    host, _, port = address.rpartition(":")
-    try:
-        client = await StorageClient.connect(
-            host, int(port), timeout=timeout, open_connection=context.open_connection
-        )
-    except Exception:  # refused, timed out, closed mid-handshake, wrong service...
-        return False
-    await client.close()
-    return True
+    return await answers_handshake(address, timeout, context.open_connection)
 
 
 def _source(session: StoreSession) -> str | None:
