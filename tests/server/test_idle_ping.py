@@ -5,6 +5,8 @@ append has to find out; when it answers again it rejoins. Real processes."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 import urllib.request
 from pathlib import Path
 
@@ -55,3 +57,54 @@ def test_an_idle_session_leaves_out_a_member_that_stopped_answering(make_cluster
     assert "did not answer a ping within 2 s" in log
     asyncio.run(append())  # the two others commit
     wait_for(lambda: server_metric(cluster, "live_replicas") == 3, timeout=90, what="it to rejoin")
+
+
+def test_over_tls_a_paused_replica_does_not_hold_recovery_for_the_tls_close(make_cluster):
+    """A paused storage node never answers TLS's close_notify, and asyncio waits 30 s for
+    it by default: the partition's recovery waited that long before dialling the others.
+    Closing now gives up on a silent peer after a second."""
+    cluster = make_cluster(partitions=1, tls=True, server_args=["--storage-timeout", "2"])
+    config = WaltzClientConfig(
+        cluster.zookeeper_connect,
+        zk_root=cluster.layout.root,
+        feed=False,
+        tls=cluster.client_tls,
+        zk_tls=cluster.client_zk_tls,
+    )
+
+    async def scenario() -> float:
+        """The longest time without a commit while a writer keeps the connections' buffers
+        full and one replica is paused."""
+        commits: list[float] = []
+        async with WaltzClient(config) as client:
+
+            async def write() -> None:
+                while True:
+                    results = await asyncio.gather(
+                        *(client.submit(Put(b"x" * 65536)) for _ in range(16))
+                    )
+                    assert all(r.committed for r in results)
+                    commits.append(time.monotonic())
+
+            writer = asyncio.ensure_future(write())
+            await asyncio.sleep(2)
+            cluster.storages[1].pause()
+            paused = time.monotonic()
+            try:
+                while time.monotonic() - paused < 45:
+                    await asyncio.sleep(0.5)
+                    if commits and commits[-1] - paused > 12 and len(commits) > 10:
+                        break  # well after the session left it: commits go on
+            finally:
+                cluster.storages[1].resume()
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+        after = [paused, *[t for t in commits if t > paused]]
+        return max(b - a for a, b in itertools.pairwise(after))
+
+    gap = asyncio.run(scenario())
+    log = Path(cluster.servers[0].log_path).read_text()
+    assert "SSL shutdown timed out" not in log
+    # Expected: a 2 s ping, a 2 s dial of the paused node, and the recovery; the old wait
+    # for the TLS close alone was 30 s.
+    assert gap < 20, f"no commit for {gap:.1f} s"

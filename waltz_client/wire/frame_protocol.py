@@ -29,6 +29,11 @@ SCRATCH_BYTES = 256 * 1024
 LARGE_FRAME_BYTES = 64 * 1024  # a body this long is read into a buffer of its own
 
 
+# How long closing a connection waits for a clean shutdown (TLS's close_notify) before it
+# drops the transport.
+CLOSE_GRACE = 1.0
+
+
 class FrameProtocol(asyncio.BufferedProtocol):
     """Calls ``on_frame(message_type, body)`` for each frame in order and
     ``on_closed(error)`` once when the connection ends (None: closed cleanly). A frame
@@ -208,6 +213,19 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     async def wait_closed(self) -> None:
         await self._lost.wait()
+
+    async def wait_closed_or_abort(self, grace: float = CLOSE_GRACE) -> None:
+        """After ``close()``: wait until the connection is gone, at most ``grace`` seconds
+        for a clean shutdown, then drop it. A peer that stopped answering (paused, cut
+        off) never answers TLS's close either, and asyncio would wait 30 s for it: a
+        partition's recovery waited that long behind a paused storage node. Shielded:
+        a cancelled caller does not cancel the wait other callers share."""
+        try:
+            async with asyncio.timeout(grace):
+                await asyncio.shield(self._lost.wait())
+        except TimeoutError:
+            self.transport.abort()
+            await asyncio.shield(self._lost.wait())
 
     # --- writing ------------------------------------------------------------------------
 

@@ -171,9 +171,7 @@ class ServerConnection:
             self.closed_reason = "closed by this client"
         self._writer.close()
         with contextlib.suppress(OSError):
-            # Shielded: a cancelled caller must not cancel the wait that other close()
-            # calls of this connection share.
-            await asyncio.shield(self._protocol.wait_closed())
+            await self._protocol.wait_closed_or_abort()
 
     async def __aenter__(self) -> ServerConnection:
         return self

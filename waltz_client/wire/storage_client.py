@@ -266,10 +266,10 @@ class StorageClient:
             self._cork.flush()  # what was written still goes, as without the cork
         self._writer.close()
         with contextlib.suppress(OSError):
-            # Shielded: one wait shared by every close() of this client; a cancelled
-            # caller must not cancel it for the others (a partition stopping while its
-            # session loop closes the same session got CancelledError).
-            await asyncio.shield(self._protocol.wait_closed())
+            # One wait shared by every close() of this client; a cancelled caller must
+            # not cancel it for the others (a partition stopping while its session loop
+            # closes the same session got CancelledError).
+            await self._protocol.wait_closed_or_abort()
 
     async def __aenter__(self) -> StorageClient:
         return self
