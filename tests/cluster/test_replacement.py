@@ -57,14 +57,12 @@ def test_the_lost_node_gives_up_a_partition_once_its_new_replica_joined():
     assert after.replicas_of(0) == ["a", "b", "d"]
 
 
-def test_a_partition_still_counting_the_node_waits_unless_retired_by_hand():
+def test_a_partition_whose_session_still_counts_the_node_takes_a_replica_too():
+    """The session may run on without the node (it left it behind, or the node is live
+    and being retired): adding a replica is safe, and the next session decides."""
     a = assignment({"a": {0}, "b": {0}, "c": {0}, "d": set()})
-    still = session(["a", "b", "c"])
-    plan = plan_replacement(a, 3, {0: still}, "c")
-    assert not plan.assign
-    assert "still counts c as a member" in plan.waiting[0]
-    by_hand = plan_replacement(a, 3, {0: still}, "c", only_after_recovery=False)
-    assert by_hand.assign == {"d": frozenset({0})}
+    plan = plan_replacement(a, 3, {0: session(["a", "b", "c"])}, "c")
+    assert plan.assign == {"d": frozenset({0})} and not plan.waiting
 
 
 def test_new_replicas_go_to_a_group_the_partition_lacks_then_to_the_least_loaded():
@@ -138,45 +136,46 @@ def test_an_unreadable_record_names_the_field(body, message):
     replicas=st.integers(2, 3),
     groups=st.integers(1, 3),
     lost_index=st.integers(0, 6),
-    by_hand=st.booleans(),
+    how=st.sampled_from(["retired alive", "dead, recovered without", "dead, left behind"]),
     data=st.data(),
 )
 def test_every_step_is_safe_and_the_node_leaves_once_its_replicas_are_copied(
-    nodes, partitions, replicas, groups, lost_index, by_hand, data
+    nodes, partitions, replicas, groups, lost_index, how, data
 ):
     """Replay the steps with owners that run a session after each change, in which a new
     replica joins only once its copy is done (drawn): no step fails the replica-safety
     check, no partition ever has fewer replicas than the cluster's count, the lost node
     gives a partition up only once every other replica is a member, and it is gone once
     the copies are done, unless a partition cannot recover without it (two replicas, one
-    dead): then that partition waits and keeps its replicas."""
+    dead): then no session runs, its new replica never joins, and the node keeps it."""
     names = [f"n{i}:1" for i in range(nodes)]
     groups_of = {n: i % groups for i, n in enumerate(names)}
     current = assign_replicas(names, partitions, replicas, groups_of)
     lost = names[lost_index % nodes]
     alive = [n for n in names if n != lost]
-    # Retired by hand, the node is alive and a member. Dead, its partitions recovered
-    # without it where the others are a majority; the rest still count its vote.
+    # Retired alive, the node is a member. Dead, its partitions recovered without it, or
+    # their sessions run on without it (it is still listed); a partition whose other
+    # replicas are no majority cannot run a session at all.
+    alive_lost = how == "retired alive"
     metadata = {}
     stuck = set()
     for p in range(partitions):
         held = current.replicas_of(p)
         others = [a for a in held if a != lost]
-        if by_hand or lost not in held:
-            metadata[p] = session(held)
-        elif len(others) >= len(held) // 2 + 1:
-            metadata[p] = session(others, left=[lost])
-        else:
-            metadata[p] = session(held)
+        if not alive_lost and lost in held and len(others) < len(held) // 2 + 1:
             stuck.add(p)
+        if alive_lost or lost not in held or how == "dead, left behind" or p in stuck:
+            metadata[p] = session(held)
+        else:
+            metadata[p] = session(others, left=[lost])
     for round_ in range(12):
-        plan = plan_replacement(current, replicas, metadata, lost, only_after_recovery=not by_hand)
+        plan = plan_replacement(current, replicas, metadata, lost)
         new = plan.apply(current)
         for p in range(partitions):
             before, after = current.replicas_of(p), new.replicas_of(p)
             assert len(after) >= replicas
             if p in stuck:
-                assert before == after
+                assert lost in after
                 continue  # no session can run: a majority of its replicas is down
             if lost in before and lost not in after:
                 assert set(before) - {lost} <= writing_members(metadata[p])
@@ -190,7 +189,7 @@ def test_every_step_is_safe_and_the_node_leaves_once_its_replicas_are_copied(
                 joined = [
                     a
                     for a in after
-                    if (a in alive or (by_hand and a == lost)) and (a in members or copied)
+                    if (a in alive or (alive_lost and a == lost)) and (a in members or copied)
                 ]
                 metadata[p] = session(
                     joined,
@@ -202,7 +201,10 @@ def test_every_step_is_safe_and_the_node_leaves_once_its_replicas_are_copied(
             break
     assert (lost in current.storages) == bool(stuck)
     for p in range(partitions):
-        assert len(current.replicas_of(p)) == replicas
-        if p not in stuck:
+        if p in stuck:  # a new replica waits to join, beside the node
+            assert lost in current.replicas_of(p)
+            assert len(current.replicas_of(p)) in (replicas, replicas + 1)
+        else:
+            assert len(current.replicas_of(p)) == replicas
             assert lost not in current.replicas_of(p)
             assert set(current.replicas_of(p)) <= writing_members(metadata[p])

@@ -239,3 +239,52 @@ def test_replace_storage_by_hand_retires_a_live_node_under_load(make_cluster):
         120,
         "every assigned replica to hold the whole log",
     )
+
+
+def test_a_replacement_survives_the_assigner_being_killed_midway(make_cluster):
+    """The assigner is SIGKILLed while the new replicas are being copied (slowed down to
+    make room for it): the other server becomes the assigner, carries the recorded
+    replacement on to its end, and nothing committed is lost."""
+    cluster = make_cluster(
+        partitions=4,
+        storages=4,
+        servers=2,
+        server_args=[
+            "--replace-storage-after", "2",
+            "--catch-up-inline-records", "0",
+            "--catch-up-rate", "150000",
+        ],
+    )  # fmt: skip
+    lost = cluster.layout.storage_addresses[3]
+    asyncio.run(write_each(cluster, range(4), 300, b"x" * 1000))
+    cluster.storages[3].kill()
+    zk = cluster.zk_connect()
+    try:
+
+        def assigned_some() -> bool:
+            record, _ = read_replacements(zk, cluster.layout.root)
+            return any(e.action == "assigned" for e in record.events)
+
+        wait_for(assigned_some, 120, "the first replacement step")
+        record, _ = read_replacements(zk, cluster.layout.root)
+        assert lost in record.replacing  # still copying: not finished
+        assigner = min(admin.read_cluster(zk, cluster.layout.root).servers)
+        cluster.servers[int(assigner.rsplit("-", 1)[1])].kill()
+        wait_for(
+            lambda: lost not in admin.read_assignment(zk, cluster.layout.root)[0].storages,
+            180,
+            f"{lost} to leave the assignment",
+        )
+        record, _ = read_replacements(zk, cluster.layout.root)
+        assert lost not in record.replacing
+        assert [e.action for e in record.events if e.storage == lost][-1] == "removed"
+    finally:
+        close(zk)
+    ordered = {p: committed(cluster, p) for p in range(4)}
+    for p in range(4):
+        assert sorted(ordered[p]) == sorted(b"%s-%d-%d" % (b"x" * 1000, p, i) for i in range(300))
+    wait_for(
+        lambda: assigned_logs_identical(cluster, range(4), ordered),
+        120,
+        "every assigned replica to hold the whole log",
+    )

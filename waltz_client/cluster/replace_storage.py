@@ -80,9 +80,7 @@ def replace_storage_step(
             )
         _update_record(zk, root, lambda r: _finished(r, lost, now_ms))
         return ReplacementStep(lost, None, assignment, True)
-    if lost in record.replacing:
-        automatic = record.replacing[lost].automatic  # carried on as it was started
-    else:
+    if lost not in record.replacing:
         replacing = Replacing(now_ms, reason, automatic)
         _update_record(zk, root, lambda r: _started(r, lost, replacing))
 
@@ -91,14 +89,7 @@ def replace_storage_step(
 
     def change(current: ReplicaAssignment, params: ClusterParams) -> ReplicaAssignment:
         metadata = _metadata(zk, paths, current.storages.get(lost, frozenset()))
-        plan = plan_replacement(
-            current,
-            params.num_replicas,
-            metadata,
-            lost,
-            unusable,
-            only_after_recovery=automatic,
-        )
+        plan = plan_replacement(current, params.num_replicas, metadata, lost, unusable)
         plans.append(plan)
         return plan.apply(current)
 

@@ -5,22 +5,19 @@ A node unreachable for longer than the servers' ``replace_storage_after`` (or na
 hand, through the checks of ``assign`` and ``remove-storage`` (``replica_safety``), one
 step at a time, each step decided afresh from the assignment and the partitions' metadata:
 
-1. A partition the node holds, whose last writing session no longer counts it (its owner
-   recovered without it), gets a replica on another node: one in a failure group the
-   partition does not use yet if there is one, then the least loaded, then by address.
-   The partition has one replica more than the cluster's count for a while; its owner
-   copies the new replica in, and it joins a session.
+1. Each partition the node holds gets a replica on another node: one in a failure group
+   the partition does not use yet if there is one, then the least loaded, then by
+   address. The partition has one replica more than the cluster's count for a while (a
+   change that is always safe, the node down or not); its owner starts a session over
+   the new set, recovering without the node if it is down, copies the new replica in,
+   and the new replica joins a session.
 2. Once every other replica of the partition is a member of its last writing session and
    ``replica_safety`` agrees, the lost node loses the partition.
 3. Once it holds none, it leaves the assignment.
 
-When the servers replace a node by themselves, a partition whose last writing session
-still counts the node as a member waits: either its owner still reaches the node (the
-assigner's probes alone must not move replicas the owners use), or it cannot recover
-without that vote (a majority of its replicas is down), and a new replica would not take
-part in that vote. A replacement by hand (``waltz cluster replace-storage``) also retires
-a node that still serves. A partition no other node can take (every
-reachable node holds it already) waits too, and says so.
+A partition no other usable node can take (each holds it already) waits, and says so.
+One whose majority of replicas is down cannot start a session, so its new replica cannot
+join and the node keeps it until it can: the majority rule is never bent.
 """
 
 from __future__ import annotations
@@ -82,17 +79,10 @@ def plan_replacement(
     metadata: Mapping[int, PartitionMetadata],
     lost: str,
     unusable: Collection[str] = (),
-    *,
-    only_after_recovery: bool = True,
 ) -> ReplacementPlan:
     """The next step of moving ``lost``'s replicas to other nodes (not to ``unusable``
     ones: unreachable, or being replaced themselves). ``metadata``: the partitions'
-    metadata; a partition without any has never had a session, so nothing to copy.
-
-    ``only_after_recovery``: a partition takes a new replica only once its owner has
-    recovered without ``lost`` (for a node the servers believe lost: if the owner still
-    reaches it, nothing moves). False retires a node that still serves: its partitions
-    take their new replicas at once."""
+    metadata; a partition without any has never had a session, so nothing to copy."""
     held = sorted(assignment.storages.get(lost, frozenset()))
     load = {s: len(ps) for s, ps in assignment.storages.items()}
     targets = sorted(s for s in assignment.storages if s != lost and s not in set(unusable))
@@ -109,12 +99,6 @@ def plan_replacement(
                 unassign.add(p)
             else:
                 waiting.append(missing)
-            continue
-        if only_after_recovery and meta is not None and lost in writing_members(meta):
-            waiting.append(
-                f"partition {p}: its last writing session (session {writing_session(meta)}) "
-                f"still counts {lost} as a member; it must recover without {lost} first"
-            )
             continue
         chosen: list[str] = []
         for _ in range(num_replicas - len(others)):

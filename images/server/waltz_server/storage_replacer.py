@@ -6,9 +6,7 @@ handshake, as owners probe a returning replica). A node that fails every probe f
 (``waltz_client.cluster.replace_storage``): its partitions take new replicas on the
 others, the owners copy them in, and once each has joined a session the lost node gives
 the partition up, then leaves the assignment. Every step goes through the replica-safety
-checks of ``waltz cluster assign`` and ``remove-storage``, and a partition whose owner has
-not recovered without the node (it still counts its vote) waits, so the assigner's view
-alone never moves a replica the owners still use.
+checks of ``waltz cluster assign`` and ``remove-storage``.
 
 A replacement recorded in ZooKeeper (by an earlier assigner, or by ``waltz cluster
 replace-storage``) is carried on whatever the probes say. An automatic one whose node
