@@ -39,6 +39,8 @@ CONFIG_HASH = "waltz.io/config-hash"
 TLS_MODE = "waltz.io/tls-mode"
 # On the pods: the scheme of their HTTP port, for Prometheus' relabelling (http or https).
 METRICS_SCHEME = "waltz.io/metrics-scheme"
+# The servers' replace_storage_after, from spec.storage.replaceLostAfterSeconds.
+REPLACE_STORAGE_AFTER_ENV = "WALTZ_SERVER_REPLACE_STORAGE_AFTER"
 
 Manifest = dict[str, Any]
 
@@ -449,6 +451,14 @@ def server_tls_name(spec: ClusterSpec) -> str:
     return f"{spec.name}.{spec.namespace}.svc"
 
 
+def _replace_storage_env(spec: ClusterSpec) -> dict[str, str]:
+    """spec.storage.replaceLostAfterSeconds as the servers' replace_storage_after (spec.py
+    refuses a different value in spec.server.settings); nothing while it is 0, the
+    servers' default, so that a cluster without it keeps its pod template."""
+    seconds = spec.storage.replace_lost_after
+    return {REPLACE_STORAGE_AFTER_ENV: str(seconds)} if seconds else {}
+
+
 def server_objects(spec: ClusterSpec) -> list[Manifest]:
     name = f"{spec.name}-server"
     tier = spec.server
@@ -477,6 +487,7 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
             "WALTZ_SERVER_HTTP_PORT": str(SERVER_HTTP_PORT),
             **secret_env,
             **_env_map("WALTZ_SERVER_", tier.settings),
+            **_replace_storage_env(spec),
         },
     )
     env = [  # per pod: not in the ConfigMap

@@ -15,9 +15,11 @@ the observing and the status):
 1. CreateCluster (or adopt it) once ZooKeeper answers;
 2. apply the objects the spec wants, keeping the storage StatefulSet at its current size
    while a scale-down moves replicas away;
-3. scaling down: the next step of ``next_scale_down_step``; scaling up: new storage
-   nodes join the assignment once their pods are ready, then replicas are spread to
-   them (``next_rebalance_step``);
+3. scaling down: the next step of ``next_scale_down_step``; a storage pod whose volume
+   is gone (lost_volumes.py): a Warning, and with spec.storage.replaceLostAfterSeconds,
+   once the servers replaced its node, its claim and pod deleted (made again empty);
+   scaling up: new storage nodes (and such a pod, back empty) join the assignment once
+   their pods are ready, then replicas are spread to them (``next_rebalance_step``);
 4. growing the partitions to a larger spec.partitions (``admin.add_partitions``), once
    no scale is under way;
 5. rolling storage: delete the next pod ``next_pod_to_restart`` names (the StatefulSet
@@ -49,7 +51,7 @@ from .metrics import OperatorMetrics
 from .monitor import ClusterMonitor
 from .owned import Key
 from .pipeline import Step, Stop, run_pipeline
-from .reconcile_decisions import warning_due
+from .reconcile_decisions import WARNING_REPEAT, warning_due
 from .reconcile_settings import ReconcileSettings
 from .reconcile_steps import ReconcileSteps
 from .reconciliation import Reconciliation, begin
@@ -59,9 +61,6 @@ from .teardown import tear_down
 from .zk_secrets import SecretProblem
 
 log = logging.getLogger(__name__)
-
-# While the same failure lasts, its Warning Event is posted again this often (seconds).
-WARNING_REPEAT = 600.0
 
 
 @dataclass
@@ -165,7 +164,7 @@ class Reconciler:
         figures.storage_ready, figures.storage_desired = state.storage_ready, spec.storage.replicas
         figures.server_ready, figures.server_desired = state.servers_ready, spec.server.replicas
         self.metrics.refusals.labels(cluster_name(spec)).inc(
-            sum(1 for e in state.events if e.type == "Warning")
+            sum(1 for e in state.events if e.type == "Warning" and e.reason == "Refused")
         )
         self.statuses[state.key] = state.status
         return Outcome(

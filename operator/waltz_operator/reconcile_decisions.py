@@ -18,6 +18,7 @@ from waltz_client.cluster.metadata import ReplicaAssignment
 
 from .bootstrap import Created, Refused, Unsupported, cluster_name
 from .events import Event
+from .lost_volumes import LostVolume
 from .observe import ClusterView
 from .owned import controlled_by
 from .reconciliation import Reconciliation, StorageMembership
@@ -39,6 +40,11 @@ from .volumes import resizing as claims_resizing
 from .zones import group_changes, zone_groups
 
 REVISION_LABEL = "controller-revision-hash"
+# While the same failure (or lost volume) lasts, its Warning Event is posted again this
+# often (seconds).
+WARNING_REPEAT = 600.0
+# Where the runbooks for a lost storage node are.
+LOST_NODE_RUNBOOK = 'docs/operations.md, runbook "A storage node is lost"'
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -113,7 +119,32 @@ def storage_moves_zone(state: Reconciliation) -> bool:
 
 
 def may_balance(state: Reconciliation) -> bool:
-    return scales_up(state) and state.membership is not None and not joining_storage(state)
+    """Not while a storage pod's volume is gone: its node is replaced first (by the
+    servers, or by hand), and replicas must not move onto it meanwhile."""
+    return (
+        scales_up(state)
+        and state.membership is not None
+        and not joining_storage(state)
+        and not state.lost_volumes
+    )
+
+
+def finds_lost_volumes(state: Reconciliation) -> bool:
+    """Storage pods whose volume is gone are looked for whenever there is a StatefulSet,
+    paused or not (finding them only reports)."""
+    return state.statefulset is not None
+
+
+def handles_lost_volumes(state: Reconciliation) -> bool:
+    """With spec.storage.replaceLostAfterSeconds set, a lost volume is recreated once the
+    servers have replaced its node (``lost_volume_held`` says when not to, and why)."""
+    return (
+        not state.paused
+        and bool(state.lost_volumes)
+        and state.spec.storage.replace_lost_after > 0
+        and state.cluster_key is not None
+        and state.view is not None
+    )
 
 
 def grows_partitions(state: Reconciliation) -> bool:
@@ -409,9 +440,12 @@ def placement_groups(membership: StorageMembership) -> dict[str, int]:
 
 
 def joining_storage(state: Reconciliation) -> list[str]:
-    """The wanted storage nodes not in the assignment yet."""
+    """The wanted storage nodes not in the assignment: new ones (scaling up), and one the
+    servers replaced whose pod came back with an empty volume; never one whose volume is
+    gone (it would join with no data, or come back with its old data's gap)."""
     known = state.membership.known if state.membership is not None else frozenset()
-    return [a for a in state.spec.storage_addresses() if a not in known]
+    lost = {state.spec.storage_address(v.ordinal) for v in state.lost_volumes}
+    return [a for a in state.spec.storage_addresses() if a not in known and a not in lost]
 
 
 def storage_joined(address: str) -> Event:
@@ -449,6 +483,169 @@ def balance_step(state: Reconciliation) -> Assign | Unassign | Wait | Done:
         state.spec.replicas_per_partition,
         placement_groups(state.membership),
     )
+
+
+# --- storage pods whose volume is gone --------------------------------------------------------
+
+
+def lost_volume_warning(spec: ClusterSpec, lost: LostVolume) -> Event:
+    """The Warning for a lost volume: which pod and claim, why, and what happens next."""
+    address = spec.storage_address(lost.ordinal)
+    seconds = spec.storage.replace_lost_after
+    if seconds:
+        then = (
+            f"the servers replace storage node {address} once it has been unreachable for "
+            f"{seconds} s (spec.storage.replaceLostAfterSeconds): its replicas move to the "
+            f"other storage nodes and it leaves the replica assignment; the operator then "
+            f"deletes the claim and the pod, the StatefulSet makes them again with an empty "
+            f"volume, and the node joins the cluster again"
+        )
+    else:
+        then = lost_volume_by_hand(spec, lost)
+    return Event(
+        "Warning",
+        "StorageVolumeLost",
+        f"storage pod {lost.pod} (claim {lost.claim}) lost its volume: {lost.reason}; {then}",
+    )
+
+
+def lost_volume_by_hand(spec: ClusterSpec, lost: LostVolume) -> str:
+    return (
+        f"nothing is done with spec.storage.replaceLostAfterSeconds 0: set it for the servers "
+        f"to replace storage node {spec.storage_address(lost.ordinal)} and the operator to "
+        f"recreate the pod with an empty volume, or replace it by hand ({LOST_NODE_RUNBOOK})"
+    )
+
+
+def lost_volume_warnings(
+    spec: ClusterSpec,
+    lost: Sequence[LostVolume],
+    warned: Mapping[str, tuple[str, datetime.datetime]],
+    now: datetime.datetime,
+    repeat: datetime.timedelta,
+) -> tuple[list[Event], dict[str, tuple[str, datetime.datetime]]]:
+    """The Warnings due (``warning_due``: a new message, or again every ``repeat``), and
+    what was warned last per pod (the pods no longer lost forgotten)."""
+    events: list[Event] = []
+    remembered: dict[str, tuple[str, datetime.datetime]] = {}
+    for volume in lost:
+        warning = lost_volume_warning(spec, volume)
+        last = warned.get(volume.pod)
+        if warning_due(last, warning.message, now, repeat):
+            events.append(warning)
+            remembered[volume.pod] = (warning.message, now)
+        elif last is not None:
+            remembered[volume.pod] = last
+    return events, remembered
+
+
+def lost_volumes_found(
+    state: Reconciliation, lost: Sequence[LostVolume], rolling: Sequence[str] = ()
+) -> Reconciliation:
+    """The lost volumes (and the other storage pods a roll still has to restart), for the
+    steps after; without spec.storage.replaceLostAfterSeconds each lost volume is Degraded
+    (it needs a person) without holding any step up."""
+    state = replace(state, lost_volumes=tuple(lost), rolling_storage=tuple(rolling))
+    if state.spec.storage.replace_lost_after:
+        return state
+    return state.asking(
+        *(
+            f"storage pod {v.pod} (claim {v.claim}) lost its volume ({v.reason}): "
+            f"{lost_volume_by_hand(state.spec, v)}"
+            for v in lost
+        )
+    )
+
+
+def lost_volume_held(state: Reconciliation) -> str | None:
+    """Why no lost volume is recreated in this reconcile (None: one may be): one change
+    at a time, so not while storage scales down, a volume change or a roll is under way
+    (other storage pods not on the StatefulSet's revision yet), or anything is
+    refused."""
+    rolling = state.rolling_storage
+    what = lost_volume_subject(state)
+    if state.scale_down is not None:
+        return f"{what}: waits for the storage scale-down to end"
+    if state.progress is not None:
+        return f"{what}: waits for {state.progress}"
+    if state.degraded:
+        return f"{what}: waits until nothing is refused"
+    if rolling:
+        return f"{what}: waits for the storage roll to end ({', '.join(rolling)} to restart)"
+    return None
+
+
+def lost_volume_subject(state: Reconciliation) -> str:
+    pods = ", ".join(v.pod for v in state.lost_volumes)
+    return f"storage pod{'s' if len(state.lost_volumes) > 1 else ''} {pods} lost its volume"
+
+
+def lost_volume_next(
+    state: Reconciliation, known: frozenset[str], replacing: frozenset[str]
+) -> LostVolume | str:
+    """The lost volume to recreate now: the first whose storage node the servers have
+    replaced (it is out of the replica assignment, no replacement of it is recorded as
+    under way, and it serves no vote); else why each waits."""
+    assert state.view is not None
+    waits = []
+    for lost in state.lost_volumes:
+        address = state.spec.storage_address(lost.ordinal)
+        if address in replacing:
+            waits.append(
+                f"{lost.pod}: the servers are replacing storage node {address} "
+                f"(`waltz cluster show` lists what waits)"
+            )
+        elif address in known:
+            waits.append(
+                f"{lost.pod}: waiting for the servers to replace storage node {address} "
+                f"(after {state.spec.storage.replace_lost_after} s unreachable: its replicas "
+                f"move to the other storage nodes, then it leaves the replica assignment)"
+            )
+        elif address in state.view.still_serving:
+            waits.append(f"{lost.pod}: storage node {address} still serves a vote")
+        else:
+            return lost
+    return f"{lost_volume_subject(state)}; " + "; ".join(waits)
+
+
+def lost_volume_recreated(state: Reconciliation, lost: LostVolume) -> Reconciliation:
+    """Its claim and pod deleted: the StatefulSet makes them again, the claim with an
+    empty volume; the node joins the assignment again once its pod is ready."""
+    address = state.spec.storage_address(lost.ordinal)
+    deleted = [
+        *([f"claim {lost.claim}"] if lost.claim_exists else []),
+        *([f"pod {lost.pod}"] if lost.pod_exists else []),
+    ]
+    return state.told(
+        Event(
+            "Normal",
+            "StorageVolumeReplaced",
+            f"storage node {address} was replaced by the servers ({lost.reason}): deleted "
+            f"{' and '.join(deleted) or 'nothing (both were gone)'}; the StatefulSet makes "
+            f"them again with an empty volume, and the node joins the cluster again",
+        )
+    ).waiting(
+        f"storage pod {lost.pod}: recreated with an empty volume; it joins the cluster once ready"
+    )
+
+
+def rolling_storage(
+    spec: ClusterSpec,
+    statefulset: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    claims: Sequence[Mapping[str, Any]],
+    lost: Sequence[LostVolume],
+) -> list[str]:
+    """The storage pods a roll (a new revision, or a grown volume to mount again) still
+    has to restart, besides those whose volume is gone; none without a revision."""
+    if update_revision(statefulset) is None:
+        return []
+    gone = {v.pod for v in lost}
+    return [
+        p.name
+        for p in storage_pod_states(spec, statefulset, pods, claims)
+        if not p.current and p.name not in gone
+    ]
 
 
 # --- rolling -------------------------------------------------------------------------------
@@ -499,15 +696,24 @@ def storage_pod_states(
 # --- reporting -----------------------------------------------------------------------------
 
 
-def refusal_events(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Event]:
+def refusal_events(
+    previous: Mapping[str, Any],
+    status: Mapping[str, Any],
+    refusals: Sequence[str] | None = None,
+) -> list[Event]:
     """A Warning each time the Degraded message changes to a new refusal (not on every
-    reconcile while it lasts)."""
+    reconcile while it lasts). ``refusals``: the refusals the message starts with (what
+    follows them has Warnings of its own); None: the whole message."""
     before = {c["type"]: c for c in previous.get("conditions", []) if "type" in c}
     now = {c["type"]: c for c in status.get("conditions", [])}
     d_now, d_before = now.get("Degraded", {}), before.get("Degraded", {})
-    if d_now.get("status") == "True" and d_now.get("message") != d_before.get("message"):
-        return [Event("Warning", "Refused", d_now["message"])]
-    return []
+    if d_now.get("status") != "True":
+        return []
+    message = d_now.get("message", "") if refusals is None else "; ".join(refusals)
+    said = str(d_before.get("message") or "")
+    if not message or said == message or said.startswith(f"{message}; "):
+        return []
+    return [Event("Warning", "Refused", message)]
 
 
 def reported(state: Reconciliation) -> Reconciliation:
@@ -522,9 +728,12 @@ def reported(state: Reconciliation) -> Reconciliation:
         partitions=tuple(view.status_partitions()) if view is not None else (),
         progress=state.progress,
         degraded=state.degraded,
+        attention=state.attention,
     )
     status = compute_status(state.spec, state.generation, observed, state.previous, state.now)
-    return replace(state, status=status).told(*refusal_events(state.previous, status))
+    return replace(state, status=status).told(
+        *refusal_events(state.previous, status, state.degraded)
+    )
 
 
 def warning_due(

@@ -18,16 +18,19 @@ from typing import Any
 
 from waltz_client.cluster import admin
 from waltz_client.cluster.errors import ClusterError
+from waltz_client.cluster.replace_storage import read_replacements
 
 from .bootstrap import Created
 from .cluster_connections import ClusterConnections
 from .desired import desired_objects, selector
 from .events import Event
 from .kube import ApiError, KubeApi
+from .lost_volumes import LostVolume, lost_volumes
 from .monitor import HttpsScrape
 from .owned import Key, digest, key_of, needs_apply
 from .pipeline import Step, Stop
 from .reconcile_decisions import (
+    WARNING_REPEAT,
     ApplyStatefulSet,
     HoldStatefulSet,
     RecreateStatefulSet,
@@ -35,10 +38,18 @@ from .reconcile_decisions import (
     claims_cannot_grow,
     cluster_ensured,
     cluster_key_recalled,
+    finds_lost_volumes,
     grows_partitions,
+    handles_lost_volumes,
     join_progress,
     joining_storage,
     leaving_storage,
+    lost_volume_held,
+    lost_volume_next,
+    lost_volume_recreated,
+    lost_volume_subject,
+    lost_volume_warnings,
+    lost_volumes_found,
     may_apply,
     may_balance,
     may_create,
@@ -53,6 +64,7 @@ from .reconcile_decisions import (
     reported,
     retirement_blocked,
     retires_storage,
+    rolling_storage,
     scale_down_held,
     scale_down_holds,
     scale_down_moves,
@@ -114,6 +126,8 @@ class ReconcileSteps:
         self.clock = clock
         self.applied: dict[Key, str] = {}
         self.nodes_forbidden = False  # no RBAC to read nodes: no zones
+        # Per cluster, per storage pod: the last StorageVolumeLost Warning, and when.
+        self.volume_warnings: dict[str, dict[str, tuple[str, datetime.datetime]]] = {}
 
     def pipeline(self) -> tuple[Step[Reconciliation], ...]:
         """Observe; create the cluster; apply the objects (a scale-down keeps the current
@@ -135,6 +149,10 @@ class ReconcileSteps:
             Step("apply-objects", self.apply_objects, may_apply),
             Step("hold-scale-down", scale_down_held, scale_down_holds),
             Step("move-replicas-off-leaving-storage", self.move_off_leaving, scale_down_moves),
+            # A storage pod whose volume is gone: a Warning; recreated once the servers
+            # replaced its node (spec.storage.replaceLostAfterSeconds), before it may join.
+            Step("find-lost-volumes", self.find_lost_volumes, finds_lost_volumes),
+            Step("recreate-lost-volume", self.recreate_lost_volume, handles_lost_volumes),
             Step("observe-storage-membership", self.observe_membership, scales_up),
             Step("join-new-storage", self.join_new_storage, storage_joins),
             Step("place-storage-in-zones", self.place_in_zones, storage_moves_zone),
@@ -315,6 +333,7 @@ class ReconcileSteps:
     def forget_applied(self, spec: ClusterSpec) -> None:
         for obj in desired_objects(spec):
             self.applied.pop(key_of(obj), None)
+        self.volume_warnings.pop(f"{spec.namespace}/{spec.name}", None)
 
     async def _patch_claims(self, spec: ClusterSpec, plan: RecreateStatefulSet) -> str | None:
         """Patch the claims a volume change needs; the API server's refusal (a StorageClass
@@ -425,6 +444,61 @@ class ReconcileSteps:
                     return None
             zones[spec.storage_address(ordinal(pod))] = node_zone(nodes[node_name])
         return zones
+
+    # --- storage pods whose volume is gone ---------------------------------------------
+
+    async def find_lost_volumes(self, state: Reconciliation) -> Reconciliation:
+        """The storage pods whose volume is gone, each with a Warning (again every
+        ``WARNING_REPEAT`` while it lasts)."""
+        spec, statefulset = state.spec, state.statefulset
+        assert statefulset is not None
+        storage = own_pods(
+            spec, await self.kube.list("Pod", spec.namespace, selector(spec, "storage"))
+        )
+        claims = own_claims(
+            spec,
+            await self.kube.list(
+                "PersistentVolumeClaim", spec.namespace, {"app.kubernetes.io/instance": spec.name}
+            ),
+        )
+        lost = lost_volumes(spec, storage, claims, state.current_storage)
+        events, self.volume_warnings[state.key] = lost_volume_warnings(
+            spec,
+            lost,
+            self.volume_warnings.get(state.key, {}),
+            self.clock(),
+            datetime.timedelta(seconds=WARNING_REPEAT),
+        )
+        rolling = rolling_storage(spec, statefulset, storage, claims, lost)
+        return lost_volumes_found(state, lost, rolling).told(*events)
+
+    async def recreate_lost_volume(self, state: Reconciliation) -> Reconciliation:
+        """Once the servers replaced its node (``lost_volume_next``), delete the claim and
+        then the pod: the StatefulSet makes both again, the claim with an empty volume.
+        One pod a reconcile."""
+        held = lost_volume_held(state)
+        if held is not None:
+            return state.waiting(held)
+        spec = state.spec
+        assignment = await self.connections.assignment(spec)
+        try:
+            record, _ = await self.connections.admin(spec, read_replacements)
+        except ClusterError as e:
+            return state.waiting(f"{lost_volume_subject(state)}: {e}")
+        chosen = lost_volume_next(
+            state, frozenset(assignment.storages), frozenset(record.replacing)
+        )
+        if isinstance(chosen, str):
+            return state.waiting(chosen)
+        await self._delete_lost(spec, chosen)
+        return lost_volume_recreated(state, chosen)
+
+    async def _delete_lost(self, spec: ClusterSpec, lost: LostVolume) -> None:
+        """The claim first: a pod deleted first could be made again on the old claim."""
+        if lost.claim_exists:
+            await self.kube.delete("PersistentVolumeClaim", spec.namespace, lost.claim)
+        if lost.pod_exists:
+            await self.kube.delete("Pod", spec.namespace, lost.pod)
 
     # --- rolling ----------------------------------------------------------------------
 

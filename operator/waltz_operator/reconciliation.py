@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .events import Event
+from .lost_volumes import LostVolume
 from .monitor import ClusterMonitor, HttpsScrape
 from .observe import ClusterView
 from .owned import Key
@@ -55,6 +56,8 @@ class Reconciliation:
     membership: StorageMembership | None = None  # only while scaling up
     storage_ready: int = 0
     servers_ready: int = 0
+    lost_volumes: tuple[LostVolume, ...] = ()  # storage pods whose volume is gone
+    rolling_storage: tuple[str, ...] = ()  # other storage pods a roll has yet to restart
 
     # Decided and done.
     cluster_key: str | None = None  # the cluster found (or made) where the spec points
@@ -64,6 +67,9 @@ class Reconciliation:
     storage_size: int | None = None  # the StatefulSet's size to apply (None: the spec's)
     progress: str | None = None  # a step under way, and what it waits for
     degraded: tuple[str, ...] = ()  # refusals, with reasons
+    # What needs a person but holds no step up (a lost volume the operator does not
+    # replace): Degraded says it after the refusals.
+    attention: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
     status: dict[str, Any] | None = None
 
@@ -90,6 +96,9 @@ class Reconciliation:
 
     def refusing(self, refusal: str | None) -> Reconciliation:
         return replace(self, degraded=(*self.degraded, refusal)) if refusal else self
+
+    def asking(self, *needs: str) -> Reconciliation:
+        return replace(self, attention=(*self.attention, *needs))
 
 
 def is_paused(body: Mapping[str, Any], spec: ClusterSpec) -> bool:

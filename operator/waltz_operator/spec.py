@@ -9,13 +9,18 @@ anyway (an older CRD, a resource written before a rule existed).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 STORAGE_PORT = 55280
 STORAGE_HTTP_PORT = 55281
 SERVER_PORT = 55180
 SERVER_HTTP_PORT = 55181
+# spec.storage.replaceLostAfterSeconds: at most 30 days (the servers' own bound on
+# replace_storage_after); 0: off.
+MAX_REPLACE_LOST_AFTER = 30 * 86400
+# The server setting it becomes (WALTZ_SERVER_REPLACE_STORAGE_AFTER).
+REPLACE_STORAGE_AFTER = "replace_storage_after"
 
 
 class SpecError(ValueError):
@@ -34,6 +39,10 @@ class TierSpec:
     settings: Mapping[str, str] = field(default_factory=dict)
     storage_class_name: str = ""  # storage only
     size: str = "10Gi"  # storage only
+    # Storage only: seconds a storage node must be unreachable before the servers move its
+    # replicas away, and the operator then gives a pod whose volume is gone a new one
+    # (0: off; lost_volumes.py).
+    replace_lost_after: int = 0
 
 
 @dataclass(frozen=True)
@@ -193,6 +202,32 @@ def _tier(doc: Mapping[str, Any], where: str, default_replicas: int) -> TierSpec
     )
 
 
+def _replace_lost_after(storage: Mapping[str, Any], server: TierSpec) -> int:
+    """spec.storage.replaceLostAfterSeconds; the servers' replace_storage_after setting,
+    when also given in spec.server.settings, must say the same."""
+    where = "spec.storage"
+    seconds = _get(storage, "replaceLostAfterSeconds", int, 0, where)
+    if not 0 <= seconds <= MAX_REPLACE_LOST_AFTER:
+        raise SpecError(
+            f"{where}.replaceLostAfterSeconds must be 0 (off) or 1..{MAX_REPLACE_LOST_AFTER} "
+            f"seconds, got {seconds}"
+        )
+    for key, value in server.settings.items():
+        if key.upper() != REPLACE_STORAGE_AFTER.upper():
+            continue
+        try:
+            given: float | None = float(value)
+        except ValueError:
+            given = None
+        if given != seconds:
+            raise SpecError(
+                f"spec.server.settings.{key} ({value!r}) differs from "
+                f"{where}.replaceLostAfterSeconds ({seconds}): set only "
+                f"{where}.replaceLostAfterSeconds (the operator passes it to the servers)"
+            )
+    return seconds
+
+
 def _tls(doc: Any) -> TlsSpec:
     if not isinstance(doc, Mapping):
         raise SpecError("spec.tls must be an object")
@@ -265,6 +300,10 @@ def parse(resource: Mapping[str, Any]) -> ClusterSpec:
             f"spec.storage.replicas ({storage.replicas}) must be at least "
             f"replicasPerPartition ({rpp})"
         )
+    server = _tier(spec.get("server", {}), "spec.server", 2)
+    storage = replace(
+        storage, replace_lost_after=_replace_lost_after(spec.get("storage", {}), server)
+    )
     image = spec.get("image", {})
     if not isinstance(image, Mapping):
         raise SpecError("spec.image must be an object")
@@ -277,7 +316,7 @@ def parse(resource: Mapping[str, Any]) -> ClusterSpec:
         zookeeper=_get(zk, "connect", str, "", "spec.zookeeper"),
         zk_root=zk.get("root") or f"/waltz/{namespace}/{name}",
         storage=storage,
-        server=_tier(spec.get("server", {}), "spec.server", 2),
+        server=server,
         image=ImageSpec(
             repository=_get(image, "repository", str, ImageSpec.repository, "spec.image"),
             tag=_get(image, "tag", str, ImageSpec.tag, "spec.image"),

@@ -49,6 +49,8 @@ class Observed:
     partitions: Sequence[PartitionObserved] = ()
     progress: str | None = None  # a scale or roll under way, and what it waits for
     degraded: Sequence[str] = field(default_factory=tuple)  # refusals, with reasons
+    # What needs a person but is no refusal (a storage volume that is gone).
+    attention: Sequence[str] = field(default_factory=tuple)
 
 
 def _condition(
@@ -139,9 +141,9 @@ def compute_status(
         ),
         cond(
             "Degraded",
-            bool(o.degraded),
-            "Refused" if o.degraded else "AsDesired",
-            "; ".join(o.degraded) if o.degraded else "nothing refused",
+            bool(o.degraded or o.attention),
+            "Refused" if o.degraded else ("NeedsAttention" if o.attention else "AsDesired"),
+            "; ".join([*o.degraded, *o.attention]) or "nothing refused",
         ),
     ]
     ready = zk_ok and created and storage_ok and servers_ok and quorum_ok

@@ -114,6 +114,21 @@ def _minimal() -> dict:
             "is not of type 'string'",
         ),
         (lambda s: s.update(paused="yes"), ["spec", "paused"], "is not of type 'boolean'"),
+        (
+            lambda s: s.update(storage={"replaceLostAfterSeconds": -1}),
+            ["spec", "storage", "replaceLostAfterSeconds"],
+            "less than the minimum",
+        ),
+        (
+            lambda s: s.update(storage={"replaceLostAfterSeconds": 2592001}),
+            ["spec", "storage", "replaceLostAfterSeconds"],
+            "greater than the maximum",
+        ),
+        (
+            lambda s: s.update(storage={"replaceLostAfterSeconds": "10m"}),
+            ["spec", "storage", "replaceLostAfterSeconds"],
+            "is not of type 'integer'",
+        ),
     ],
     ids=[
         "no-partitions",
@@ -126,6 +141,9 @@ def _minimal() -> dict:
         "bad-pull-policy",
         "setting-not-a-string",
         "paused-not-boolean",
+        "negative-replace-lost-after",
+        "replace-lost-after-over-30-days",
+        "replace-lost-after-not-seconds",
     ],
 )
 def test_bad_resources_are_refused_naming_the_field(change, field, why):

@@ -34,6 +34,7 @@ from operator_harness import (
 from strict_api import make_pki, write_kubeconfig
 
 from waltz_client.cluster import admin
+from waltz_client.cluster.replace_storage import read_replacements, replace_storage_step
 from waltz_operator.kube import Connection, KubeApi, connection_from_environment
 from waltz_operator.leader import LeaderElector
 from waltz_operator.spec import parse
@@ -544,6 +545,160 @@ async def test_storage_nodes_zones_become_placement_groups_and_partitions_spread
                 return True
 
             await eventually(spread, what="every partition on three zones")
+
+
+# --- a storage pod whose volume is gone ----------------------------------------------------
+
+
+def play_statefulset_pod(api, sts: dict, ordinal: int, ready: bool) -> None:
+    """A storage pod of the StatefulSet (its controller), not scheduled yet or ready."""
+    status: dict = {"phase": "Pending", "conditions": []}
+    if ready:
+        status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    api.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"demo-storage-{ordinal}",
+                "namespace": NS,
+                "labels": sts["spec"]["template"]["metadata"]["labels"],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "StatefulSet",
+                        "name": "demo-storage",
+                        "uid": sts["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {"containers": [{"name": "storage", "image": "waltz-storage"}]},
+            "status": status,
+        }
+    )
+
+
+def lose_claim(api, ordinal: int) -> None:
+    """Its PersistentVolume deleted: the claim's phase becomes Lost."""
+    claim = obj(api, PVC, NS, f"data-demo-storage-{ordinal}")
+    api.put({**claim, "status": {**claim["status"], "phase": "Lost"}})
+
+
+@pytest.mark.asyncio
+async def test_a_storage_pod_whose_volume_is_gone_is_recreated_once_the_servers_replaced_it(
+    zookeeper, zk, zk_root
+):
+    """Four storage pods, three replicas a partition; pod 3's claim is Lost. Without
+    spec.storage.replaceLostAfterSeconds: a Warning and Degraded, nothing deleted. With
+    it: nothing deleted while node 3 is in the replica assignment or being replaced; once
+    it left it (the servers' replacement, played here), its claim and pod are deleted, and
+    the pod, back with an empty volume and ready, joins the assignment again."""
+    book = tuple(f"127.0.0.1:{9 + i}" for i in range(4))  # nothing listens: no session
+    lost = book[3]
+    async with kubernetes_api() as api:
+        create_cluster_object(api, cluster_doc(zookeeper, zk_root, storage={"replicas": 4}))
+        async with running_operator(api, NS, address_book=book):
+            await created(api)
+            sts = await eventually(lambda: obj(api, STS, NS, "demo-storage"))
+            play_claims(api, 4)
+            for i in range(4):
+                play_statefulset_pod(api, sts, i, ready=i != 3)
+            lose_claim(api, 3)
+            assert lost in admin.read_assignment(zk, zk_root)[0].storages
+
+            # Off: a Warning naming pod, claim and reason, and Degraded saying what to do.
+            (warning,) = await eventually(
+                lambda: events(api, "StorageVolumeLost"), what="the StorageVolumeLost Warning"
+            )
+            assert warning["type"] == "Warning"
+            for words in ("demo-storage-3", "data-demo-storage-3", "Lost"):
+                assert words in warning["message"]
+            degraded = await eventually(
+                lambda: (
+                    (c := condition(obj(api, WZ, NS, "demo"), "Degraded")).get("reason")
+                    == "NeedsAttention"
+                    and c
+                ),
+                what="Degraded",
+            )
+            assert "spec.storage.replaceLostAfterSeconds" in degraded["message"]
+            assert "by hand" in degraded["message"]
+            await asyncio.sleep(1.5)  # several reconciles: one Warning, nothing deleted
+            assert len(events(api, "StorageVolumeLost")) == 1
+            assert obj(api, PVC, NS, "data-demo-storage-3") is not None
+            assert obj(api, "v1/pods", NS, "demo-storage-3") is not None
+            assert not events(api, "Refused")
+
+            # On, node 3 still in the assignment: waiting for the servers.
+            await patch_cluster(api, {"spec": {"storage": {"replaceLostAfterSeconds": 30}}})
+            await eventually(
+                lambda: (
+                    obj(api, "v1/configmaps", NS, "demo-server-config")["data"].get(
+                        "WALTZ_SERVER_REPLACE_STORAGE_AFTER"
+                    )
+                    == "30"
+                ),
+                what="the servers' setting",
+            )
+
+            def progressing() -> str:
+                return condition(obj(api, WZ, NS, "demo"), "Progressing").get("message", "")
+
+            await eventually(
+                lambda: f"waiting for the servers to replace storage node {lost}" in progressing(),
+                what="waiting for the servers",
+            )
+            await eventually(degraded_with(api, "AsDesired"), what="no longer Degraded")
+            assert obj(api, PVC, NS, "data-demo-storage-3") is not None
+            assert obj(api, "v1/pods", NS, "demo-storage-3") is not None
+
+            # The servers' replacement, one step at a time: recorded while under way.
+            first = replace_storage_step(zk, zk_root, lost, reason="test")
+            assert not first.finished
+            assert lost in read_replacements(zk, zk_root)[0].replacing
+            await eventually(
+                lambda: "the servers are replacing storage node" in progressing(),
+                what="the replacement under way",
+            )
+            await asyncio.sleep(1.0)
+            assert obj(api, PVC, NS, "data-demo-storage-3") is not None
+            assert obj(api, "v1/pods", NS, "demo-storage-3") is not None
+            step = first
+            while not step.finished:
+                step = replace_storage_step(zk, zk_root, lost, reason="test")
+            assert lost not in admin.read_assignment(zk, zk_root)[0].storages
+
+            # Replaced: the claim and the pod go (the StatefulSet makes them again).
+            await eventually(
+                lambda: (
+                    obj(api, PVC, NS, "data-demo-storage-3") is None
+                    and obj(api, "v1/pods", NS, "demo-storage-3") is None
+                ),
+                what="the claim and the pod deleted",
+            )
+            (replaced,) = await eventually(
+                lambda: events(api, "StorageVolumeReplaced"), what="StorageVolumeReplaced"
+            )
+            assert replaced["type"] == "Normal" and lost in replaced["message"]
+            for i in range(3):
+                assert obj(api, "v1/pods", NS, f"demo-storage-{i}") is not None
+                assert obj(api, PVC, NS, f"data-demo-storage-{i}") is not None
+
+            # The StatefulSet controller's part: an empty claim, the pod, ready.
+            play_claims(api, 4)
+            play_statefulset_pod(api, sts, 3, ready=True)
+            await eventually(
+                lambda: lost in admin.read_assignment(zk, zk_root)[0].storages,
+                what="node 3 joining the assignment again",
+            )
+            joined = await eventually(lambda: events(api, "StorageAdded"), what="StorageAdded")
+            assert lost in joined[0]["message"]
+            await asyncio.sleep(1.0)
+            assert len(events(api, "StorageVolumeReplaced")) == 1
+            assert obj(api, "v1/pods", NS, "demo-storage-3") is not None
+            assert not events(api, "ReconcileFailed")
 
 
 # --- 8. leader election ----------------------------------------------------------------

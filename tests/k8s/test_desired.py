@@ -339,3 +339,100 @@ def test_without_network_policy_the_policies_allow_everything():
 
 def selector_labels(component: str) -> dict:
     return {"app.kubernetes.io/instance": "demo", "app.kubernetes.io/component": component}
+
+
+# --- spec.storage.replaceLostAfterSeconds -------------------------------------------------
+
+
+def _config(doc: dict, component: str = "server") -> dict[str, str]:
+    maps = by_kind(desired_objects(parse(doc)))["ConfigMap"]
+    return next(m for m in maps if m["metadata"]["name"].endswith(f"{component}-config"))["data"]
+
+
+def test_replace_lost_after_is_off_by_default_and_sets_the_servers_setting():
+    assert parse(resource()).storage.replace_lost_after == 0
+    assert "WALTZ_SERVER_REPLACE_STORAGE_AFTER" not in _config(resource())
+    doc = resource(storage={"replicas": 4, "replaceLostAfterSeconds": 600})
+    assert parse(doc).storage.replace_lost_after == 600
+    assert _config(doc)["WALTZ_SERVER_REPLACE_STORAGE_AFTER"] == "600"
+    assert not any("REPLACE" in key for key in _config(doc, "storage"))
+    # A value the server takes, as its own setting.
+    from waltz_server.config import load_config
+
+    plain = resource(storage={"replaceLostAfterSeconds": 600}, tls={"mode": "disabled"})
+    assert load_config([], _config(plain)).replace_storage_after == 600.0
+
+
+def test_changing_replace_lost_after_rolls_the_servers_not_the_storage_pods():
+    def hashes(doc: dict) -> dict[str, str]:
+        objects = by_kind(desired_objects(parse(doc)))
+        return {
+            kind: objects[kind][0]["spec"]["template"]["metadata"]["annotations"][
+                "waltz.io/config-hash"
+            ]
+            for kind in ("StatefulSet", "Deployment")
+        }
+
+    off, on = hashes(resource()), hashes(resource(storage={"replaceLostAfterSeconds": 600}))
+    assert off["Deployment"] != on["Deployment"]
+    assert off["StatefulSet"] == on["StatefulSet"]
+    later = hashes(resource(storage={"replaceLostAfterSeconds": 900}))
+    assert later["Deployment"] != on["Deployment"]
+
+
+def test_the_same_value_in_the_servers_settings_is_taken_once():
+    doc = resource(
+        storage={"replaceLostAfterSeconds": 600},
+        server={"settings": {"replace_storage_after": "600.0"}},
+    )
+    assert _config(doc)["WALTZ_SERVER_REPLACE_STORAGE_AFTER"] == "600"
+
+
+@pytest.mark.parametrize(
+    ("storage", "settings", "message"),
+    [
+        (
+            {"replaceLostAfterSeconds": -1},
+            {},
+            "spec.storage.replaceLostAfterSeconds must be 0 (off) or 1..2592000 seconds, got -1",
+        ),
+        (
+            {"replaceLostAfterSeconds": 2592001},
+            {},
+            "spec.storage.replaceLostAfterSeconds must be 0 (off) or 1..2592000",
+        ),
+        (
+            {"replaceLostAfterSeconds": "10m"},
+            {},
+            "spec.storage.replaceLostAfterSeconds must be an integer",
+        ),
+        (
+            {"replaceLostAfterSeconds": True},
+            {},
+            "spec.storage.replaceLostAfterSeconds must be an integer",
+        ),
+        (
+            {"replaceLostAfterSeconds": 600},
+            {"replace_storage_after": "300"},
+            "spec.server.settings.replace_storage_after ('300') differs from "
+            "spec.storage.replaceLostAfterSeconds (600)",
+        ),
+        (
+            {},
+            {"REPLACE_STORAGE_AFTER": "300"},
+            "spec.server.settings.REPLACE_STORAGE_AFTER ('300') differs from "
+            "spec.storage.replaceLostAfterSeconds (0)",
+        ),
+        (
+            {"replaceLostAfterSeconds": 600},
+            {"replace_storage_after": "ten minutes"},
+            "spec.server.settings.replace_storage_after ('ten minutes') differs",
+        ),
+    ],
+    ids=["negative", "over-30-days", "string", "boolean", "conflict", "conflict-off", "garbage"],
+)
+def test_a_bad_replace_lost_after_is_refused_naming_the_fields(storage, settings, message):
+    doc = resource(storage=storage, server={"settings": settings})
+    with pytest.raises(SpecError) as info:
+        parse(doc)
+    assert message in str(info.value)

@@ -330,6 +330,7 @@ def test_the_production_values_reach_the_cluster_resource():
     }
     assert spec["zookeeper"]["authSecret"] == "payments-zk-auth"
     assert spec["storage"]["settings"] == {"segment_bytes": "1GiB"}
+    assert spec["storage"]["replaceLostAfterSeconds"] == 900
     assert spec["server"]["settings"] == {"lock_table_size": "1048576"}
     # The tiers' scheduling reaches the resource as given.
     assert spec["storage"]["topologySpreadConstraints"] == [
@@ -500,6 +501,10 @@ def test_notes_say_how_to_watch_the_cluster_and_connect_a_client(tmp_path):
             "topologyKey is required",
         ),
         (["--set", "operator.replicas=0"], "operator.replicas: Must be greater than or equal"),
+        (
+            ["--set", "cluster.storage.replaceLostAfterSeconds=-5"],
+            "cluster.storage.replaceLostAfterSeconds: Must be greater than or equal to 0",
+        ),
     ],
 )
 def test_bad_values_are_refused_naming_the_value(values, message):

@@ -70,6 +70,7 @@ def server_metrics_text(partitions: dict[int, SimpleNamespace]) -> str:
         config=SimpleNamespace(memory_budget_bytes=2 << 30),
         bounds=PartitionBounds(16 << 20, 64 << 20, 64 << 20),
         storage_pool=StoragePool(),
+        replacement_view=None,  # not the assigner, or no replace_storage_after
     )
     metrics = ServerMetrics(server)
     for p in partitions:

@@ -186,7 +186,11 @@ async def test_an_invalid_spec_stops_before_any_step_and_an_exception_fails_the_
 async def test_a_finished_pipeline_reports_its_status_events_and_progress():
     def report(state: Reconciliation) -> Reconciliation:
         status = {"observedGeneration": state.generation, "conditions": []}
-        told = state.told(Event("Normal", "Done", "it ran"), Event("Warning", "Refused", "x"))
+        told = state.told(
+            Event("Normal", "Done", "it ran"),
+            Event("Warning", "Refused", "x"),
+            Event("Warning", "StorageVolumeLost", "no refusal: not counted as one"),
+        )
         return replace(told, status=status, progress="rolling storage: restarted demo-0")
 
     kube = KubeApi(Connection(server="http://127.0.0.1:9"))
@@ -195,7 +199,7 @@ async def test_a_finished_pipeline_reports_its_status_events_and_progress():
         reconciler = Reconciler(kube, metrics, clock=Clock(), pipeline=[Step("report", report)])
         outcome = await reconciler.reconcile(BODY, {})
         assert outcome.status == {"observedGeneration": 4, "conditions": []}
-        assert [e.reason for e in outcome.events] == ["Done", "Refused"]
+        assert [e.reason for e in outcome.events] == ["Done", "Refused", "StorageVolumeLost"]
         assert outcome.busy and outcome.status_changed and not outcome.failed
         assert reconciler.statuses["prod/demo"] == outcome.status
         refusals = metrics.registry.get_sample_value(

@@ -429,6 +429,12 @@ def test_refusal_events_only_when_the_degraded_message_changes():
     assert refusal_events(status("True", "a"), status("True", "a")) == []
     assert refusal_events(status("True", "a"), status("True", "b"))[0].message == "b"
     assert refusal_events({}, status("False", "fine")) == []
+    # What follows the refusals (a lost volume, with a Warning of its own) is not one.
+    assert refusal_events({}, status("True", "lost"), ()) == []
+    assert refusal_events(status("True", "lost"), status("True", "a; lost"), ["a"]) == [
+        Event("Warning", "Refused", "a")
+    ]
+    assert refusal_events(status("True", "a; lost"), status("True", "a"), ["a"]) == []
 
 
 def test_a_failures_warning_repeats_only_when_new_or_after_the_interval():
@@ -493,6 +499,8 @@ def test_the_declared_order():
         "apply-objects",
         "hold-scale-down",
         "move-replicas-off-leaving-storage",
+        "find-lost-volumes",
+        "recreate-lost-volume",
         "observe-storage-membership",
         "join-new-storage",
         "place-storage-in-zones",
@@ -522,6 +530,7 @@ async def test_a_running_cluster_may_scale_balance_and_roll():
         "ensure-cluster",
         "plan-scale-down",
         "apply-objects",
+        "find-lost-volumes",
         "observe-storage-membership",
         "balance-replicas",
         "roll-storage",
@@ -532,13 +541,23 @@ async def test_a_running_cluster_may_scale_balance_and_roll():
 @pytest.mark.asyncio
 async def test_a_paused_cluster_is_only_observed_and_reported():
     paused = running(spec=replace(running().spec, paused=True), cluster_key=None)
-    assert await steps_run(paused) == (*OBSERVING, "recall-cluster-key", *REPORTING)
+    assert await steps_run(paused) == (
+        *OBSERVING,
+        "find-lost-volumes",  # found and warned about, never acted on
+        "recall-cluster-key",
+        *REPORTING,
+    )
 
 
 @pytest.mark.asyncio
 async def test_a_known_cluster_changes_nothing_while_zookeeper_is_away():
     away = running(zookeeper_error="connection refused", cluster_key=None, view=None)
-    assert await steps_run(away) == (*OBSERVING, "await-zookeeper", *REPORTING)
+    assert await steps_run(away) == (
+        *OBSERVING,
+        "await-zookeeper",
+        "find-lost-volumes",
+        *REPORTING,
+    )
 
 
 @pytest.mark.asyncio
@@ -549,6 +568,7 @@ async def test_a_refusal_stops_scaling_but_not_the_roll_and_progress_stops_the_r
         "ensure-cluster",
         "plan-scale-down",
         "apply-objects",
+        "find-lost-volumes",
         "roll-storage",
         *REPORTING,
     )
