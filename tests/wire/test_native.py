@@ -23,7 +23,15 @@ from waltz_client.wire import records as records_module
 from waltz_client.wire.buffers import Reader
 from waltz_client.wire.errors import ChecksumMismatch, MalformedMessage
 from waltz_client.wire.native import native
-from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.records import (
+    FORMAT_1,
+    FORMAT_2,
+    NO_TIMESTAMP,
+    Record,
+    RecordBatch,
+    RecordFormat,
+    ReqId,
+)
 from waltz_storage import partition as partition_module
 from waltz_storage import segment as segment_module
 from waltz_storage.errors import CorruptSegment, NonContiguousAppend
@@ -36,12 +44,23 @@ pytestmark = pytest.mark.skipif(
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def make_batch(first_txid: int, lengths: list[int], seed: int = 0) -> RecordBatch:
+def make_batch(
+    first_txid: int, lengths: list[int], seed: int = 0, fmt: RecordFormat = FORMAT_1
+) -> RecordBatch:
     records = [
-        Record(first_txid + i, ReqId(7, 1, 3, seed + i), i * 31 - 5, os.urandom(length))
+        Record(
+            first_txid + i,
+            ReqId(7, 1, 3, seed + i),
+            i * 31 - 5,
+            os.urandom(length),
+            1_795_000_000_000 + 7 * i if fmt.version >= 2 else NO_TIMESTAMP,
+        )
         for i, length in enumerate(lengths)
     ]
-    return RecordBatch.from_records(records)
+    return RecordBatch.from_records(records, fmt)
+
+
+formats = st.sampled_from([FORMAT_1, FORMAT_2])
 
 
 def both(module, call):
@@ -92,18 +111,37 @@ def test_crc32_of_a_large_buffer_with_the_gil_released():
 # --- checking a wire batch ---------------------------------------------------------------
 
 
-def read(buf: bytes, count: int, max_data_bytes: int = 16 * 1024 * 1024) -> RecordBatch:
-    return RecordBatch.read(Reader(buf), count, max_data_bytes)
+def read(
+    buf: bytes, count: int, max_data_bytes: int = 16 * 1024 * 1024, fmt: RecordFormat = FORMAT_1
+) -> RecordBatch:
+    return RecordBatch.read(Reader(buf), count, max_data_bytes, fmt)
 
 
 @SETTINGS
-@given(lengths=lengths_strategy, first=st.integers(-5, 2**62))
-def test_a_valid_batch_is_read_the_same(lengths, first):
-    batch = make_batch(first, lengths)
-    compiled, pure = both(records_module, lambda: read(batch.buf, len(lengths)))
+@given(lengths=lengths_strategy, first=st.integers(-5, 2**62), fmt=formats)
+def test_a_valid_batch_is_read_the_same(lengths, first, fmt):
+    batch = make_batch(first, lengths, fmt=fmt)
+    compiled, pure = both(records_module, lambda: read(batch.buf, len(lengths), fmt=fmt))
     assert compiled[0] == "ok" and pure[0] == "ok"
     assert compiled[1].spans == pure[1].spans == batch.spans
     assert compiled[1].buf == batch.buf
+    assert [r.timestamp for r in compiled[1].records()] == compiled[1].timestamps()
+    expected = [r.timestamp for r in batch.records()]
+    assert compiled[1].timestamps() == expected
+    if fmt.version >= 2:
+        assert expected == [1_795_000_000_000 + 7 * i for i in range(len(lengths))]
+    else:
+        assert set(expected) <= {NO_TIMESTAMP}
+
+
+def test_a_record_round_trips_in_either_format():
+    rec = Record(5, ReqId(1, 2, 3, 4), 9, b"data", 1_795_000_000_123)
+    assert len(rec.encode(FORMAT_2)) == 40 + 4 + 4
+    assert Record.read(Reader(rec.encode(FORMAT_2)), fmt=FORMAT_2) == rec
+    old = Record.read(Reader(rec.encode(FORMAT_1)))  # format 1 has no commit time
+    assert old.timestamp == NO_TIMESTAMP and old.data == b"data"
+    with pytest.raises(ValueError, match="a record head is 32 or 40 bytes, not 36"):
+        native.scan_wire(rec.encode(FORMAT_2), 1, 100, 36)
 
 
 @SETTINGS
@@ -113,17 +151,18 @@ def test_a_valid_batch_is_read_the_same(lengths, first):
     cut=st.integers(-8, 8),
     count_change=st.sampled_from([0, 0, 0, -1, 1, 10**9, -(10**9)]),
     max_data=st.sampled_from([16 * 1024 * 1024, 100, 0]),
+    fmt=formats,
 )
 def test_a_damaged_batch_is_refused_with_the_same_error(
-    lengths, flips, cut, count_change, max_data
+    lengths, flips, cut, count_change, max_data, fmt
 ):
-    batch = make_batch(1, lengths)
+    batch = make_batch(1, lengths, fmt=fmt)
     buf = bytearray(batch.buf)
     for where, xor in flips:
         buf[where % len(buf)] ^= xor
     buf = bytes(buf[: len(buf) + cut] if cut < 0 else buf + bytes(cut))
     count = len(lengths) + count_change
-    compiled, pure = both(records_module, lambda: read(buf, count, max_data))
+    compiled, pure = both(records_module, lambda: read(buf, count, max_data, fmt))
     if compiled[0] == "ok":
         assert pure[0] == "ok" and compiled[1].spans == pure[1].spans
     else:
@@ -138,16 +177,17 @@ def test_a_damaged_batch_is_refused_with_the_same_error(
     max_data=st.sampled_from([0, 64, 1 << 24]),
     ends=st.lists(st.integers(-(2**40), 2**40) | st.integers(-5, 700), max_size=8),
     first=st.integers(-(2**63), 2**63 - 1),
+    fmt=formats,
 )
-def test_garbage_is_refused_never_crashes(garbage, count, max_data, ends, first):
+def test_garbage_is_refused_never_crashes(garbage, count, max_data, ends, first, fmt):
     """Any bytes, counts and ends: the compiled loops return None (or the spans the
     Python loop also finds), never read outside the buffer."""
-    spans = native.scan_wire(garbage, count, max_data)
+    spans = native.scan_wire(garbage, count, max_data, fmt.head_size)
     if spans is not None:
-        assert spans == read(garbage, count, max_data).spans
-    converted = native.disk_to_wire(garbage, first, ends)
+        assert spans == read(garbage, count, max_data, fmt).spans
+    converted = native.disk_to_wire(garbage, first, ends, fmt.head_size)
     if converted is not None:
-        assert converted[0] == disk_to_wire(garbage, first, ends, "g").buf
+        assert converted[0] == disk_to_wire(garbage, first, ends, "g", fmt).buf
 
 
 def test_a_huge_count_is_refused_without_allocating_for_it():
@@ -162,9 +202,10 @@ def test_a_huge_count_is_refused_without_allocating_for_it():
 
 
 @SETTINGS
-@given(lengths=lengths_strategy, data=st.data())
-def test_wire_to_disk_and_back_the_same_either_way(lengths, data):
-    batch = make_batch(40, lengths)
+@given(lengths=lengths_strategy, data=st.data(), fmt=formats)
+def test_wire_to_disk_and_back_the_same_either_way(lengths, data, fmt):
+    batch = make_batch(40, lengths, fmt=fmt)
+    head = fmt.head_size
     start = data.draw(st.integers(0, len(lengths)))
     stop = data.draw(st.integers(start, len(lengths)))
     prefix = data.draw(st.binary(max_size=5))
@@ -177,9 +218,9 @@ def test_wire_to_disk_and_back_the_same_either_way(lengths, data):
     compiled, pure = both(segment_module, convert)
     assert compiled == pure and compiled[0] == "ok"
     disk, sizes = compiled[1][0][len(prefix) :], compiled[1][1]
-    assert sizes == [length + 40 for length in lengths[start:stop]]
+    assert sizes == [length + head + 8 for length in lengths[start:stop]]
     ends = list(accumulate(sizes))  # where each record ends
-    back = both(segment_module, lambda: disk_to_wire(disk, 40 + start, ends, "seg"))
+    back = both(segment_module, lambda: disk_to_wire(disk, 40 + start, ends, "seg", fmt))
     assert back[0][0] == back[1][0] == "ok"
     assert back[0][1].buf == back[1][1].buf
     assert back[0][1].spans == back[1][1].spans
@@ -188,8 +229,9 @@ def test_wire_to_disk_and_back_the_same_either_way(lengths, data):
     ]
     # The same bytes as the records cut out of the original batch.
     assert back[0][1].buf == b"".join(
-        batch.buf[p : p + 36 + n] for _, p, n in batch.spans[start:stop]
+        batch.buf[p : p + head + 4 + n] for _, p, n in batch.spans[start:stop]
     )
+    assert back[0][1].timestamps() == batch.timestamps()[start:stop]
 
 
 @SETTINGS
@@ -198,11 +240,12 @@ def test_wire_to_disk_and_back_the_same_either_way(lengths, data):
     flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=2),
     end_moves=st.lists(st.tuples(st.integers(0, 10), st.integers(-50, 50)), max_size=2),
     first_change=st.sampled_from([0, 0, 1, -1]),
+    fmt=formats,
 )
 def test_a_damaged_segment_read_is_refused_with_the_same_error(
-    lengths, flips, end_moves, first_change
+    lengths, flips, end_moves, first_change, fmt
 ):
-    batch = make_batch(9, lengths)
+    batch = make_batch(9, lengths, fmt=fmt)
     out = bytearray()
     sizes = wire_to_disk(batch, 0, len(lengths), out)
     for where, xor in flips:
@@ -212,7 +255,7 @@ def test_a_damaged_segment_read_is_refused_with_the_same_error(
         ends[which % len(ends)] = max(0, ends[which % len(ends)] + move)
     disk = bytes(out)
     compiled, pure = both(
-        segment_module, lambda: disk_to_wire(disk, 9 + first_change, ends, "s.seg")
+        segment_module, lambda: disk_to_wire(disk, 9 + first_change, ends, "s.seg", fmt)
     )
     if compiled[0] == "ok":
         assert pure[0] == "ok" and compiled[1].buf == pure[1].buf

@@ -26,9 +26,25 @@
 #define WALTZ_CLMUL 1
 #endif
 
-#define WIRE_HEAD 32     /* txid, ReqId, header, data length */
-#define DISK_HEAD 36     /* the wire head and the data CRC */
-#define DISK_OVERHEAD 40 /* DISK_HEAD and the head's CRC */
+/* A record's head: txid, ReqId, header, data length (format 1, 32 bytes), then the
+ * commit time (format 2, 40 bytes). The data length is at offset 28 in both; on disk the
+ * data CRC follows the head, and the head's CRC follows the data. */
+#define WIRE_HEAD_V1 32
+#define WIRE_HEAD_V2 40
+#define LENGTH_AT 28
+#define DISK_HEAD(head) ((head) + 4)     /* the wire head and the data CRC */
+#define DISK_OVERHEAD(head) ((head) + 8) /* DISK_HEAD and the head's CRC */
+
+/* The `head` argument: a wire head size this build knows, else ValueError. */
+static int
+check_head(Py_ssize_t head)
+{
+    if (head == WIRE_HEAD_V1 || head == WIRE_HEAD_V2)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "a record head is %d or %d bytes, not %zd", WIRE_HEAD_V1,
+                 WIRE_HEAD_V2, head);
+    return -1;
+}
 /* crc32 of this much or more lets other threads run meanwhile (a storage node's I/O
  * thread, its HTTP thread): releasing the GIL costs more than checking less. */
 #define GIL_FREE_BYTES (256 * 1024)
@@ -258,34 +274,39 @@ native_crc32_tables(PyObject *module, PyObject *args)
 }
 
 PyDoc_STRVAR(scan_wire_doc,
-             "scan_wire(buf, count, max_data_bytes, /) -> list[tuple[int, int, int]] | None\n\n"
-             "The spans of exactly `count` wire records filling `buf`, each with a data length\n"
-             "in 0..max_data_bytes and a matching data CRC; None if anything is wrong.");
+             "scan_wire(buf, count, max_data_bytes, head=32, /) -> list[tuple[int, int, int]] | None\n\n"
+             "The spans of exactly `count` wire records (heads of `head` bytes) filling `buf`,\n"
+             "each with a data length in 0..max_data_bytes and a matching data CRC; None if\n"
+             "anything is wrong.");
 
 static PyObject *
 native_scan_wire(PyObject *module, PyObject *args)
 {
     Py_buffer view;
-    Py_ssize_t count;
+    Py_ssize_t count, head = WIRE_HEAD_V1;
     long long max_data_bytes;
-    if (!PyArg_ParseTuple(args, "y*nL:scan_wire", &view, &count, &max_data_bytes))
+    if (!PyArg_ParseTuple(args, "y*nL|n:scan_wire", &view, &count, &max_data_bytes, &head))
         return NULL;
+    if (check_head(head) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     const uint8_t *buf = view.buf;
     Py_ssize_t end = view.len, pos = 0;
     PyObject *spans = NULL;
-    /* Every record takes at least 36 bytes: a count beyond that is not allocated. */
-    if (count < 0 || count > end / (WIRE_HEAD + 4))
+    /* Every record takes at least head + 4 bytes: a count beyond that is not allocated. */
+    if (count < 0 || count > end / (head + 4))
         goto invalid;
     spans = PyList_New(count);
     if (spans == NULL)
         goto error;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (end - pos < WIRE_HEAD)
+        if (end - pos < head)
             goto invalid;
-        int32_t length = (int32_t)be32(buf + pos + 28);
+        int32_t length = (int32_t)be32(buf + pos + LENGTH_AT);
         if (length < 0 || length > max_data_bytes)
             goto invalid;
-        Py_ssize_t data = pos + WIRE_HEAD, data_end = data + length;
+        Py_ssize_t data = pos + head, data_end = data + length;
         if (end - data_end < 4)
             goto invalid;
         if (crc32_of(0, buf + data, (size_t)length) != be32(buf + data_end))
@@ -312,7 +333,8 @@ error:
 
 /* A span's offset and data length, checked to lie within a buffer of `size` bytes. */
 static int
-span_extent(PyObject *item, Py_ssize_t size, Py_ssize_t *offset, Py_ssize_t *length)
+span_extent(PyObject *item, Py_ssize_t size, Py_ssize_t head, Py_ssize_t *offset,
+            Py_ssize_t *length)
 {
     if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
         PyErr_SetString(PyExc_TypeError, "a span is a (txid, offset, length) tuple");
@@ -322,8 +344,8 @@ span_extent(PyObject *item, Py_ssize_t size, Py_ssize_t *offset, Py_ssize_t *len
     *length = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 2));
     if ((*offset == -1 || *length == -1) && PyErr_Occurred())
         return -1;
-    if (*offset < 0 || *length < 0 || *offset > size - WIRE_HEAD - 4 ||
-        *length > size - WIRE_HEAD - 4 - *offset) {
+    if (*offset < 0 || *length < 0 || *offset > size - head - 4 ||
+        *length > size - head - 4 - *offset) {
         PyErr_Format(PyExc_ValueError, "span (offset %zd, length %zd) is outside the %zd-byte batch",
                      *offset, *length, size);
         return -1;
@@ -332,19 +354,21 @@ span_extent(PyObject *item, Py_ssize_t size, Py_ssize_t *offset, Py_ssize_t *len
 }
 
 PyDoc_STRVAR(wire_to_disk_doc,
-             "wire_to_disk(buf, spans, start, stop, out, /) -> list[int]\n\n"
-             "Append records start..stop of a checked wire batch to the bytearray `out` in\n"
-             "disk layout; each record's length on disk.");
+             "wire_to_disk(buf, spans, start, stop, out, head=32, /) -> list[int]\n\n"
+             "Append records start..stop of a checked wire batch (heads of `head` bytes) to\n"
+             "the bytearray `out` in disk layout; each record's length on disk.");
 
 static PyObject *
 native_wire_to_disk(PyObject *module, PyObject *args)
 {
     Py_buffer view;
     PyObject *spans, *out, *sizes = NULL;
-    Py_ssize_t start, stop;
-    if (!PyArg_ParseTuple(args, "y*O!nnO!:wire_to_disk", &view, &PyList_Type, &spans, &start,
-                          &stop, &PyByteArray_Type, &out))
+    Py_ssize_t start, stop, head = WIRE_HEAD_V1;
+    if (!PyArg_ParseTuple(args, "y*O!nnO!|n:wire_to_disk", &view, &PyList_Type, &spans, &start,
+                          &stop, &PyByteArray_Type, &out, &head))
         return NULL;
+    if (check_head(head) < 0)
+        goto error;
     Py_ssize_t n = PyList_GET_SIZE(spans);
     if (start < 0 || stop > n || start > stop) {
         PyErr_Format(PyExc_IndexError, "records %zd..%zd of a batch of %zd", start, stop, n);
@@ -352,9 +376,9 @@ native_wire_to_disk(PyObject *module, PyObject *args)
     }
     Py_ssize_t total = 0, offset, length;
     for (Py_ssize_t i = start; i < stop; i++) {
-        if (span_extent(PyList_GET_ITEM(spans, i), view.len, &offset, &length) < 0)
+        if (span_extent(PyList_GET_ITEM(spans, i), view.len, head, &offset, &length) < 0)
             goto error;
-        total += length + DISK_OVERHEAD;
+        total += length + DISK_OVERHEAD(head);
     }
     sizes = PyList_New(stop - start);
     if (sizes == NULL)
@@ -365,17 +389,18 @@ native_wire_to_disk(PyObject *module, PyObject *args)
     const uint8_t *src = view.buf;
     uint8_t *dst = (uint8_t *)PyByteArray_AS_STRING(out) + written;
     for (Py_ssize_t i = start; i < stop; i++) {
-        span_extent(PyList_GET_ITEM(spans, i), view.len, &offset, &length); /* checked above */
+        /* checked above */
+        span_extent(PyList_GET_ITEM(spans, i), view.len, head, &offset, &length);
         const uint8_t *rec = src + offset;
-        memcpy(dst, rec, WIRE_HEAD);
-        memcpy(dst + WIRE_HEAD, rec + WIRE_HEAD + length, 4);
-        memcpy(dst + DISK_HEAD, rec + WIRE_HEAD, (size_t)length);
-        put_be32(dst + DISK_HEAD + length, crc32_of(0, dst, DISK_HEAD));
-        PyObject *size = PyLong_FromSsize_t(length + DISK_OVERHEAD);
+        memcpy(dst, rec, (size_t)head);
+        memcpy(dst + head, rec + head + length, 4);
+        memcpy(dst + DISK_HEAD(head), rec + head, (size_t)length);
+        put_be32(dst + DISK_HEAD(head) + length, crc32_of(0, dst, (size_t)DISK_HEAD(head)));
+        PyObject *size = PyLong_FromSsize_t(length + DISK_OVERHEAD(head));
         if (size == NULL)
             goto error;
         PyList_SET_ITEM(sizes, i - start, size);
-        dst += length + DISK_OVERHEAD;
+        dst += length + DISK_OVERHEAD(head);
     }
     PyBuffer_Release(&view);
     return sizes;
@@ -386,10 +411,10 @@ error:
 }
 
 PyDoc_STRVAR(disk_to_wire_doc,
-             "disk_to_wire(buf, first_txid, ends, /) -> tuple[bytes, list] | None\n\n"
-             "The disk records in `buf` (record i of transaction first_txid + i ending at\n"
-             "ends[i]) checked and converted to a wire batch's bytes and spans; None if any\n"
-             "record is not whole and valid where the ends put it.");
+             "disk_to_wire(buf, first_txid, ends, head=32, /) -> tuple[bytes, list] | None\n\n"
+             "The disk records in `buf` (heads of `head` wire bytes; record i of transaction\n"
+             "first_txid + i ending at ends[i]) checked and converted to a wire batch's bytes\n"
+             "and spans; None if any record is not whole and valid where the ends put it.");
 
 static PyObject *
 native_disk_to_wire(PyObject *module, PyObject *args)
@@ -397,8 +422,11 @@ native_disk_to_wire(PyObject *module, PyObject *args)
     Py_buffer view;
     long long first_txid;
     PyObject *ends_arg, *ends = NULL, *wire = NULL, *spans = NULL;
-    if (!PyArg_ParseTuple(args, "y*LO:disk_to_wire", &view, &first_txid, &ends_arg))
+    Py_ssize_t head = WIRE_HEAD_V1;
+    if (!PyArg_ParseTuple(args, "y*LO|n:disk_to_wire", &view, &first_txid, &ends_arg, &head))
         return NULL;
+    if (check_head(head) < 0)
+        goto error;
     ends = PySequence_Fast(ends_arg, "ends must be a sequence of offsets");
     if (ends == NULL)
         goto error;
@@ -413,7 +441,7 @@ native_disk_to_wire(PyObject *module, PyObject *args)
         Py_ssize_t end = PyLong_AsSsize_t(items[i]);
         if (end == -1 && PyErr_Occurred())
             goto error;
-        if (end - pos < DISK_OVERHEAD || end > view.len)
+        if (end - pos < DISK_OVERHEAD(head) || end > view.len)
             goto invalid;
         pos = end;
     }
@@ -428,19 +456,20 @@ native_disk_to_wire(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t end = PyLong_AsSsize_t(items[i]);
         const uint8_t *rec = src + pos;
-        Py_ssize_t length = (int32_t)be32(rec + 28);
-        if (be64(rec) != first_txid + i || length < 0 || pos + DISK_HEAD + length != end - 4 ||
-            crc32_of(0, rec, DISK_HEAD) != be32(src + end - 4) ||
-            crc32_of(0, rec + DISK_HEAD, (size_t)length) != be32(rec + WIRE_HEAD))
+        Py_ssize_t length = (int32_t)be32(rec + LENGTH_AT);
+        if (be64(rec) != first_txid + i || length < 0 ||
+            pos + DISK_HEAD(head) + length != end - 4 ||
+            crc32_of(0, rec, (size_t)DISK_HEAD(head)) != be32(src + end - 4) ||
+            crc32_of(0, rec + DISK_HEAD(head), (size_t)length) != be32(rec + head))
             goto invalid;
-        memcpy(dst + out, rec, WIRE_HEAD);
-        memcpy(dst + out + WIRE_HEAD, rec + DISK_HEAD, (size_t)length);
-        memcpy(dst + out + WIRE_HEAD + length, rec + WIRE_HEAD, 4);
+        memcpy(dst + out, rec, (size_t)head);
+        memcpy(dst + out + head, rec + DISK_HEAD(head), (size_t)length);
+        memcpy(dst + out + head + length, rec + head, 4);
         PyObject *s = span(first_txid + i, out, length);
         if (s == NULL)
             goto error;
         PyList_SET_ITEM(spans, i, s);
-        out += DISK_HEAD + length;
+        out += DISK_HEAD(head) + length;
         pos = end;
     }
     Py_DECREF(ends);
@@ -494,7 +523,7 @@ native_first_gap(PyObject *module, PyObject *args)
 }
 
 PyDoc_STRVAR(scan_disk_doc,
-             "scan_disk(buf, start, expected_txid, base, /) -> tuple[int, int, bytes]\n\n"
+             "scan_disk(buf, start, expected_txid, base, head=32, /) -> tuple[int, int, bytes]\n\n"
              "Walks the disk records of `buf` from offset `start` while each is whole in\n"
              "`buf` and valid (transaction expected_txid, then the next; both CRCs match):\n"
              "(the offset where it stopped, the next expected transaction, the records'\n"
@@ -511,15 +540,20 @@ native_scan_disk(PyObject *module, PyObject *args)
     Py_buffer view;
     Py_ssize_t start;
     long long expected, base;
-    if (!PyArg_ParseTuple(args, "y*nLL:scan_disk", &view, &start, &expected, &base))
+    Py_ssize_t head = WIRE_HEAD_V1;
+    if (!PyArg_ParseTuple(args, "y*nLL|n:scan_disk", &view, &start, &expected, &base, &head))
         return NULL;
+    if (check_head(head) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     if (start < 0 || start > view.len) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "start is outside the buffer");
         return NULL;
     }
     /* At most one record a DISK_OVERHEAD bytes. */
-    Py_ssize_t most = (view.len - start) / DISK_OVERHEAD;
+    Py_ssize_t most = (view.len - start) / DISK_OVERHEAD(head);
     int64_t *found = PyMem_RawMalloc((size_t)(most > 0 ? most : 1) * sizeof(int64_t));
     if (found == NULL) {
         PyBuffer_Release(&view);
@@ -530,16 +564,17 @@ native_scan_disk(PyObject *module, PyObject *args)
     int64_t txid = expected;
     int free_gil = len - start >= GIL_FREE_BYTES;
     PyThreadState *saved = free_gil ? PyEval_SaveThread() : NULL;
-    while (len - pos >= DISK_HEAD) {
+    while (len - pos >= DISK_HEAD(head)) {
         const uint8_t *rec = buf + pos;
-        Py_ssize_t length = (int32_t)be32(rec + 28);
-        if (length < 0 || length > len - pos - DISK_OVERHEAD)
+        Py_ssize_t length = (int32_t)be32(rec + LENGTH_AT);
+        if (length < 0 || length > len - pos - DISK_OVERHEAD(head))
             break; /* cut off by the buffer's end, or a negative length */
-        Py_ssize_t data_end = pos + DISK_HEAD + length;
+        Py_ssize_t data_end = pos + DISK_HEAD(head) + length;
         if (txid == INT64_MAX) /* the last ID there is: Python's loop takes it */
             break;
-        if (be64(rec) != txid || crc32_of(0, rec, DISK_HEAD) != be32(buf + data_end) ||
-            crc32_of(0, rec + DISK_HEAD, (size_t)length) != be32(rec + WIRE_HEAD))
+        if (be64(rec) != txid ||
+            crc32_of(0, rec, (size_t)DISK_HEAD(head)) != be32(buf + data_end) ||
+            crc32_of(0, rec + DISK_HEAD(head), (size_t)length) != be32(rec + head))
             break;
         if (__builtin_add_overflow((int64_t)base, (int64_t)pos, &found[count]))
             break;

@@ -24,7 +24,7 @@ class NativeLoops(Protocol):
     def crc32(self, data: ReadableBuffer, value: int = 0, /) -> int: ...
     def crc32_tables(self, data: ReadableBuffer, value: int = 0, /) -> int: ...
     def scan_wire(
-        self, buf: ReadableBuffer, count: int, max_data_bytes: int, /
+        self, buf: ReadableBuffer, count: int, max_data_bytes: int, head: int = 32, /
     ) -> list[tuple[int, int, int]] | None: ...
     def wire_to_disk(
         self,
@@ -33,14 +33,15 @@ class NativeLoops(Protocol):
         start: int,
         stop: int,
         out: bytearray,
+        head: int = 32,
         /,
     ) -> list[int]: ...
     def disk_to_wire(
-        self, buf: ReadableBuffer, first_txid: int, ends: Iterable[int], /
+        self, buf: ReadableBuffer, first_txid: int, ends: Iterable[int], head: int = 32, /
     ) -> tuple[bytes, list[tuple[int, int, int]]] | None: ...
     def first_gap(self, spans: list[tuple[int, int, int]], expected: int, /) -> int: ...
     def scan_disk(
-        self, buf: ReadableBuffer, start: int, expected_txid: int, base: int, /
+        self, buf: ReadableBuffer, start: int, expected_txid: int, base: int, head: int = 32, /
     ) -> tuple[int, int, bytes]: ...
 
 

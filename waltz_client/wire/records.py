@@ -1,9 +1,16 @@
 """ReqId, RecordHeader and Record: the transaction structures on the wire.
 
-Record on the wire (big-endian)::
+Record on the wire (big-endian), format 1::
 
     i64 transaction id | ReqId (4 x i32) | i32 header | i32 data length
     | data bytes | u32 CRC-32 of data
+
+Format 2 adds the commit time after the data length (a 40-byte head; the length stays
+at offset 28, so a walk over records differs only in where the data starts)::
+
+    ... | i32 data length | i64 commit time (ms since the Unix epoch) | data bytes | ...
+
+A record of format 1 has no commit time: ``NO_TIMESTAMP``.
 
 Batches of records (Append, Record List) travel as a ``RecordBatch``: the
 raw bytes of consecutive records, validated once (bounds and CRCs) when
@@ -27,6 +34,26 @@ WIRE_RECORD_HEAD = struct.Struct(">qiiiiii")  # RECORD_HEADER + data length
 CRC = struct.Struct(">I")
 _TXID_AND_LENGTH = struct.Struct(">q20xi")  # WIRE_RECORD_HEAD's first and last fields
 _TXID = struct.Struct(">q")
+_TIMESTAMP = struct.Struct(">q")
+
+NO_TIMESTAMP = -1  # a record written before commit times (format 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFormat:
+    """A wire record layout: its version and its fixed head."""
+
+    version: int
+    head: struct.Struct
+
+    @property
+    def head_size(self) -> int:
+        return self.head.size
+
+
+FORMAT_1 = RecordFormat(1, WIRE_RECORD_HEAD)
+FORMAT_2 = RecordFormat(2, struct.Struct(">qiiiiiiq"))  # format 1's head + commit time
+RECORD_FORMATS = {f.version: f for f in (FORMAT_1, FORMAT_2)}
 
 DEFAULT_MAX_DATA_BYTES = 16 * 1024 * 1024
 
@@ -92,65 +119,73 @@ class Record:
     req_id: ReqId
     header: int
     data: bytes
+    timestamp: int = NO_TIMESTAMP  # commit time, ms since the Unix epoch (format 2)
 
     @property
     def checksum(self) -> int:
         return crc32(self.data)
 
-    def encode(self) -> bytes:
+    def encode(self, fmt: RecordFormat = FORMAT_1) -> bytes:
         q = self.req_id
-        return b"".join(
-            (
-                WIRE_RECORD_HEAD.pack(
-                    self.transaction_id,
-                    q.client_id,
-                    q.generation,
-                    q.partition_id,
-                    q.seq,
-                    self.header,
-                    len(self.data),
-                ),
-                self.data,
-                CRC.pack(crc32(self.data)),
-            )
+        fields = (
+            self.transaction_id,
+            q.client_id,
+            q.generation,
+            q.partition_id,
+            q.seq,
+            self.header,
+            len(self.data),
         )
+        timed = (self.timestamp,) if fmt.version >= 2 else ()
+        head = fmt.head.pack(*fields, *timed)
+        return b"".join((head, self.data, CRC.pack(crc32(self.data))))
 
     @classmethod
-    def read(cls, r: Reader, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> Record:
+    def read(
+        cls, r: Reader, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES, fmt: RecordFormat = FORMAT_1
+    ) -> Record:
         txid = r.i64("Record.transaction_id")
         req_id = ReqId.read(r)
         header = r.i32("Record.header")
         length = r.i32("Record.data length")
         if length < 0 or length > max_data_bytes:
             raise MalformedMessage(f"Record.data length {length} is outside 0..{max_data_bytes}")
+        timestamp = r.i64("Record.timestamp") if fmt.version >= 2 else NO_TIMESTAMP
         data = r.raw(length, "Record.data")
         checksum = r.u32("Record.checksum")
         if crc32(data) != checksum:
             raise ChecksumMismatch(
                 f"transaction {txid}: data CRC-32 {crc32(data):#010x} != sent {checksum:#010x}"
             )
-        return cls(txid, req_id, header, data)
+        return cls(txid, req_id, header, data, timestamp)
 
 
 class RecordBatch:
     """Consecutive wire records kept as bytes, validated once.
 
     ``spans`` gives ``(transaction id, offset, data length)`` for each
-    record, offsets into ``buf``; the fixed head of a record is the 32 bytes
-    at its offset, its data follows, then the 4-byte data CRC.
+    record, offsets into ``buf``; the fixed head of a record is the
+    ``format.head_size`` bytes at its offset, its data follows, then the 4-byte data CRC.
     """
 
-    __slots__ = ("buf", "spans")
+    __slots__ = ("buf", "format", "spans")
 
-    def __init__(self, buf: bytes, spans: list[tuple[int, int, int]]) -> None:
+    def __init__(
+        self, buf: bytes, spans: list[tuple[int, int, int]], fmt: RecordFormat = FORMAT_1
+    ) -> None:
         self.buf = buf
         self.spans = spans
+        self.format = fmt
 
     def __len__(self) -> int:
         return len(self.spans)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, RecordBatch) and self.buf == other.buf
+        return (
+            isinstance(other, RecordBatch)
+            and self.buf == other.buf
+            and self.format.version == other.format.version
+        )
 
     def __repr__(self) -> str:
         if not self.spans:
@@ -170,25 +205,30 @@ class RecordBatch:
         return sum(length for _, _, length in self.spans)
 
     @classmethod
-    def from_records(cls, records: list[Record]) -> RecordBatch:
-        buf = b"".join(rec.encode() for rec in records)
+    def from_records(cls, records: list[Record], fmt: RecordFormat = FORMAT_1) -> RecordBatch:
+        buf = b"".join(rec.encode(fmt) for rec in records)
         spans = []
         pos = 0
         for rec in records:
             spans.append((rec.transaction_id, pos, len(rec.data)))
-            pos += WIRE_RECORD_HEAD.size + len(rec.data) + CRC.size
-        return cls(buf, spans)
+            pos += fmt.head_size + len(rec.data) + CRC.size
+        return cls(buf, spans, fmt)
 
     @classmethod
     def read(
-        cls, r: Reader, count: int, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
+        cls,
+        r: Reader,
+        count: int,
+        max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+        fmt: RecordFormat = FORMAT_1,
     ) -> RecordBatch:
         """Validate ``count`` records at the reader's cursor and keep their bytes."""
         buf = bytes(r.rest())
+        head_size = fmt.head_size
         if native is not None:
-            checked = native.scan_wire(buf, count, max_data_bytes)
+            checked = native.scan_wire(buf, count, max_data_bytes, head_size)
             if checked is not None:
-                return cls(buf, checked)
+                return cls(buf, checked, fmt)
         # The hot loop of every append and read where the compiled one is missing, and
         # what names the problem where it found one: locals, and only the fields it checks.
         mv = memoryview(buf)
@@ -198,7 +238,6 @@ class RecordBatch:
         txid_and_length = _TXID_AND_LENGTH.unpack_from
         stored_crc = CRC.unpack_from
         crc32 = fast_crc32
-        head_size = WIRE_RECORD_HEAD.size
         pos = 0
         for i in range(count):
             if end - pos < head_size:
@@ -224,14 +263,25 @@ class RecordBatch:
             pos = data_end + 4
         if pos != end:
             raise MalformedMessage(f"record list: {end - pos} trailing bytes after {count} records")
-        return cls(buf, spans)
+        return cls(buf, spans, fmt)
 
     def records(self) -> Iterator[Record]:
         buf = self.buf
+        head = WIRE_RECORD_HEAD.unpack_from
+        head_size = self.format.head_size
+        timed = self.format.version >= 2
         for txid, pos, length in self.spans:
-            _, c, g, p, s, header, _ = WIRE_RECORD_HEAD.unpack_from(buf, pos)
-            start = pos + WIRE_RECORD_HEAD.size
-            yield Record(txid, ReqId(c, g, p, s), header, buf[start : start + length])
+            _, c, g, p, s, header, _ = head(buf, pos)
+            timestamp = _TIMESTAMP.unpack_from(buf, pos + 32)[0] if timed else NO_TIMESTAMP
+            start = pos + head_size
+            yield Record(txid, ReqId(c, g, p, s), header, buf[start : start + length], timestamp)
+
+    def timestamps(self) -> list[int]:
+        """Each record's commit time (``NO_TIMESTAMP`` for every one of format 1)."""
+        if self.format.version < 2:
+            return [NO_TIMESTAMP] * len(self.spans)
+        buf = self.buf
+        return [_TIMESTAMP.unpack_from(buf, pos + 32)[0] for _, pos, _ in self.spans]
 
     def headers(self) -> Iterator[RecordHeader]:
         for rec in self.records():
@@ -269,5 +319,7 @@ class UncheckedRecords:
         first = self.first_txid
         return None if first is None else first + self.count - 1
 
-    def check(self, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> RecordBatch:
-        return RecordBatch.read(Reader(self.buf), self.count, max_data_bytes)
+    def check(
+        self, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES, fmt: RecordFormat = FORMAT_1
+    ) -> RecordBatch:
+        return RecordBatch.read(Reader(self.buf), self.count, max_data_bytes, fmt)

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from waltz_client.runtime.files import fsync_directory
 from waltz_client.wire.crc import crc32 as fast_crc32
 from waltz_client.wire.native import native
-from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch
+from waltz_client.wire.records import FORMAT_1, RecordBatch, RecordFormat
 
 from .errors import CorruptSegment, TransactionNotFound, out_of_space
 from .group_sync import WriteBack
@@ -84,42 +84,48 @@ def end_of_data(fd: int, start: int, size: int) -> int:
 
 
 def wire_to_disk(batch: RecordBatch, start: int, stop: int, out: bytearray) -> list[int]:
-    """Append records ``start..stop`` of a wire batch to ``out`` in disk layout.
+    """Append records ``start..stop`` of a wire batch to ``out`` in disk layout (the
+    batch's record format: its head, the data CRC, the data, the head's CRC).
 
     Returns each record's length on disk. Data CRCs were verified on decode.
     """
+    head_size = batch.format.head_size
     if native is not None and type(batch.spans) is list:
-        return native.wire_to_disk(batch.buf, batch.spans, start, stop, out)
+        return native.wire_to_disk(batch.buf, batch.spans, start, stop, out, head_size)
     buf = batch.buf
     mv = memoryview(buf)
     crc_fn = fast_crc32
     sizes = []
-    head_size = WIRE_RECORD_HEAD.size  # 32
+    overhead = head_size + 2 * CRC.size
     for _, pos, length in batch.spans[start:stop]:
         data_start = pos + head_size
         data_end = data_start + length
-        head = buf[pos:data_start] + buf[data_end : data_end + 4]  # 32-byte head + data crc
+        head = buf[pos:data_start] + buf[data_end : data_end + 4]  # the head + data crc
         out += head
         out += mv[data_start:data_end]
         out += CRC.pack(crc_fn(head))
-        sizes.append(length + RECORD_OVERHEAD)
+        sizes.append(length + overhead)
     return sizes
 
 
-_HEAD_CHECKED = struct.Struct(">q20xiI")  # RECORD_HEAD's txid, data length and data crc
+_HEAD_CHECKED = struct.Struct(">q20xi")  # a head's txid and data length
 
 
-def disk_to_wire(buf: bytes, first_txid: int, ends: list[int], source: str) -> RecordBatch:
-    """Verify the disk records in ``buf`` and convert them to a wire batch.
+def disk_to_wire(
+    buf: bytes, first_txid: int, ends: list[int], source: str, fmt: RecordFormat = FORMAT_1
+) -> RecordBatch:
+    """Verify the disk records in ``buf`` (of record format ``fmt``) and convert them to
+    a wire batch.
 
     ``ends[i]`` is where record ``first_txid + i`` ends in ``buf`` (from the index), so
     the loop knows every record's extent without reading it first; a record whose
     length disagrees with the index is corrupt like one that fails its checksums.
     """
+    head_size = fmt.head_size
     if native is not None:
-        converted = native.disk_to_wire(buf, first_txid, ends)
+        converted = native.disk_to_wire(buf, first_txid, ends, head_size)
         if converted is not None:
-            return RecordBatch(*converted)
+            return RecordBatch(*converted, fmt)
     # The hot loop of every read where the compiled one is missing, and what names the
     # problem where it found one: one unpack and two CRCs a record, locals only. On any
     # doubt, check_record says precisely what is wrong.
@@ -131,29 +137,30 @@ def disk_to_wire(buf: bytes, first_txid: int, ends: list[int], source: str) -> R
     head = _HEAD_CHECKED.unpack_from
     stored_crc = CRC.unpack_from
     crc32 = fast_crc32
+    disk_head = head_size + CRC.size
     pos = out_pos = 0
     txid = first_txid
     for end in ends:
-        recorded_txid, length, data_crc = head(buf, pos)
-        data = pos + RECORD_HEAD_BYTES
+        recorded_txid, length = head(buf, pos)
+        data = pos + disk_head
         data_end = end - 4
         if (
             recorded_txid != txid
             or length < 0
             or data + length != data_end
             or crc32(mv[pos:data]) != stored_crc(buf, data_end)[0]
-            or crc32(mv[data:data_end]) != data_crc
+            or crc32(mv[data:data_end]) != stored_crc(buf, pos + head_size)[0]
         ):
-            problem = check_record(buf, pos, txid) or (
+            problem = check_record(buf, pos, txid, fmt) or (
                 f"the index puts its end at offset {end}, its head says {data_end + 4}"
             )
             raise CorruptSegment(f"{source}: transaction {txid} at offset {pos}: {problem}")
-        add((mv[pos : pos + 32], mv[data:data_end], mv[pos + 32 : data]))
+        add((mv[pos : pos + head_size], mv[data:data_end], mv[pos + head_size : data]))
         span((txid, out_pos, length))
-        out_pos += 36 + length
+        out_pos += disk_head + length
         txid += 1
         pos = end
-    return RecordBatch(b"".join(parts), spans)
+    return RecordBatch(b"".join(parts), spans, fmt)
 
 
 class Segment:

@@ -24,6 +24,7 @@ import uuid
 import zlib
 
 from waltz_client.wire.crc import crc32 as fast_crc32
+from waltz_client.wire.records import FORMAT_1, RecordFormat
 
 from .errors import CorruptSegment
 
@@ -34,6 +35,7 @@ CRC = struct.Struct(">I")  # after the header, and after each record's data
 RECORD_HEAD = struct.Struct(">qiiiiiiI")  # txid, reqid(4), header, data length, data crc
 RECORD_HEAD_BYTES = RECORD_HEAD.size  # 36
 RECORD_OVERHEAD = RECORD_HEAD_BYTES + CRC.size  # 40 bytes around the data
+_TXID_AND_LENGTH = struct.Struct(">q20xi")  # a head's first field and its data length
 
 
 def segment_stem(first_txid: int) -> str:
@@ -66,16 +68,26 @@ def cut_short(length: int, follow: int) -> str:
     return f"record cut short (head says {length} data bytes, {follow} follow)"
 
 
-def check_record(buf: bytes | memoryview, pos: int, expected_txid: int) -> str | None:
+def disk_head_bytes(fmt: RecordFormat) -> int:
+    """A record's head on disk: the wire head, then the data CRC (36 or 44 bytes)."""
+    return fmt.head_size + CRC.size
+
+
+def check_record(
+    buf: bytes | memoryview, pos: int, expected_txid: int, fmt: RecordFormat = FORMAT_1
+) -> str | None:
     """Why the record at ``pos`` is not a whole, valid record of ``expected_txid`` (None if it is).
 
-    ``buf`` must extend at least to the record's end for a valid record.
+    ``buf`` must extend at least to the record's end for a valid record. ``fmt``: the
+    record format of the segment (its head size; the rest is laid out alike).
     """
     end = len(buf)
-    if end - pos < RECORD_HEAD_BYTES:
-        return f"record head cut short ({end - pos} of {RECORD_HEAD_BYTES} bytes)"
-    txid, _, _, _, _, _, length, data_crc = RECORD_HEAD.unpack_from(buf, pos)
-    head_end = pos + RECORD_HEAD_BYTES
+    head_bytes = disk_head_bytes(fmt)
+    if end - pos < head_bytes:
+        return f"record head cut short ({end - pos} of {head_bytes} bytes)"
+    txid, length = _TXID_AND_LENGTH.unpack_from(buf, pos)
+    (data_crc,) = CRC.unpack_from(buf, pos + fmt.head_size)
+    head_end = pos + head_bytes
     if end - head_end >= length + 4 and length >= 0:
         (record_crc,) = CRC.unpack_from(buf, head_end + length)
         head_ok = fast_crc32(memoryview(buf)[pos:head_end]) == record_crc
