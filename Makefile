@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean fault-deps postgres-deps
+.PHONY: run test lint bench clean fault-deps postgres-deps prometheus-deps
 
 $(STAMP): pyproject.toml setup.py waltz_client/wire/_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -44,11 +44,28 @@ postgres-deps:
 	  { quiet_apt update && quiet_apt install -y --no-install-recommends postgresql; } || \
 	  echo "could not install PostgreSQL: the tests against it will be skipped"
 
+## prometheus-deps: a Prometheus server and promtool (Debian's prometheus package), which
+## the alert tests run (tests/k8s/test_alert_rules.py: promtool check/test rules;
+## tests/k8s/test_prometheus_live.py: a real Prometheus scraping a local cluster);
+## installed with apt-get only when they are missing and we are root. Never fails:
+## without them those tests skip.
+prometheus-deps:
+	@if { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || \
+	  { [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ]; }; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then exit 0; fi; \
+	echo "installing Prometheus (apt-get) for the alert and dashboard tests"; \
+	quiet_apt() { DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=120 "$$@" \
+	  >/dev/null 2>&1 </dev/null; }; \
+	quiet_apt install -y --no-install-recommends prometheus || \
+	  { quiet_apt update && quiet_apt install -y --no-install-recommends prometheus; } || \
+	  echo "could not install Prometheus: the tests that run it will be skipped"
+
 ## test: lint, then the whole test suite (with nftables for the fault tests, see fault-deps,
-## and PostgreSQL for the database callback tests, see postgres-deps),
+## PostgreSQL for the database callback tests, see postgres-deps, and Prometheus for the
+## alert tests, see prometheus-deps),
 ## three test files at a time on two cores: most tests wait on processes and timeouts,
 ## not the CPU (the suite used 44% of two cores with two at a time)
-test: $(STAMP) fault-deps postgres-deps lint
+test: $(STAMP) fault-deps postgres-deps prometheus-deps lint
 	$(PY) -m pytest -n 3 --dist loadfile
 
 ## lint: ruff; the import contracts (layers, no circles: [tool.importlinter] in
