@@ -313,6 +313,13 @@ def _env_map(prefix: str, settings: Mapping[str, str]) -> dict[str, str]:
     return {f"{prefix}{k.upper()}": v for k, v in sorted(settings.items())}
 
 
+def _log_format_env(spec: ClusterSpec, prefix: str) -> dict[str, str]:
+    """spec.logFormat as the daemons' log_format; nothing for text, their default, so
+    that a cluster without it keeps its pod templates. Before the tier's own settings in
+    the ConfigMap: a log_format there wins for that tier."""
+    return {f"{prefix}LOG_FORMAT": spec.log_format} if spec.log_format != "text" else {}
+
+
 def _settings_map(
     spec: ClusterSpec, component: str, data: dict[str, str]
 ) -> tuple[Manifest, dict[str, str]]:
@@ -361,6 +368,7 @@ def storage_objects(spec: ClusterSpec) -> list[Manifest]:
             "WALTZ_STORAGE_PORT": str(STORAGE_PORT),
             "WALTZ_STORAGE_HTTP_PORT": str(STORAGE_HTTP_PORT),
             **secret_env,
+            **_log_format_env(spec, "WALTZ_STORAGE_"),
             **_env_map("WALTZ_STORAGE_", tier.settings),
         },
     )
@@ -486,6 +494,7 @@ def server_objects(spec: ClusterSpec) -> list[Manifest]:
             "WALTZ_SERVER_PORT": str(SERVER_PORT),
             "WALTZ_SERVER_HTTP_PORT": str(SERVER_HTTP_PORT),
             **secret_env,
+            **_log_format_env(spec, "WALTZ_SERVER_"),
             **_env_map("WALTZ_SERVER_", tier.settings),
             **_replace_storage_env(spec),
         },

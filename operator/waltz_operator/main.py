@@ -32,6 +32,14 @@ from typing import Any
 
 import kopf
 
+from waltz_client.runtime.json_logs import (
+    JSON,
+    LOG_FORMATS,
+    TEXT,
+    JsonFormatter,
+    configure_logging,
+)
+
 from .handlers import OperatorConfig, register, serve_http
 from .kube import KubeApi, connection_from_environment
 from .leader import LeaderElector
@@ -119,8 +127,51 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve /metrics and /healthz over HTTPS with the system PKI's certificate",
     )
+    p.add_argument(
+        "--log-format",
+        default=os.environ.get("WALTZ_OPERATOR_LOG_FORMAT") or TEXT,
+        help="text, or json: one object a line (time, level, logger, message, exception) "
+        "(default $WALTZ_OPERATOR_LOG_FORMAT, else text)",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     return p
+
+
+def log_format(args: argparse.Namespace) -> str:
+    """The --log-format asked for (the flag, else the variable); SystemExit if neither
+    text nor json."""
+    value = str(args.log_format).strip().lower()
+    if value not in LOG_FORMATS:
+        raise SystemExit(
+            f"waltz-operator: --log-format (or $WALTZ_OPERATOR_LOG_FORMAT): expected text or "
+            f"json, got {args.log_format!r}"
+        )
+    return value
+
+
+class OperatorJsonFormatter(JsonFormatter):
+    """The daemons' JSON lines, and ``object`` (``namespace/name``) on the lines kopf
+    logs about a resource (its text lines say ``[namespace/name]``)."""
+
+    def fields(self, record: logging.LogRecord) -> dict[str, Any]:
+        line = super().fields(record)
+        ref = record.__dict__.get("k8s_ref")
+        if isinstance(ref, dict) and ref.get("name"):
+            namespace = ref.get("namespace")
+            line["object"] = f"{namespace}/{ref['name']}" if namespace else ref["name"]
+        return line
+
+
+def configure_operator_logging(verbose: bool, fmt: str) -> None:
+    """Text: as it always was (the root's handler, then kopf's). JSON: kopf configured,
+    then one handler writing JSON lines in place of both, so that every line is JSON."""
+    level = logging.DEBUG if verbose else logging.INFO
+    if fmt == JSON:
+        kopf.configure(verbose=verbose)
+        configure_logging(level, JSON, OperatorJsonFormatter())
+        return
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kopf.configure(verbose=verbose)
 
 
 def system_names(args: argparse.Namespace, scope: list[str] | None) -> SystemNames | None:
@@ -257,6 +308,7 @@ def namespaces(args: argparse.Namespace) -> list[str] | None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        fmt = log_format(args)
         scope = namespaces(args)
     except SystemExit as e:
         print(e, file=sys.stderr)
@@ -266,11 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the loaders raise several kinds; all mean the same here
         print(f"waltz-operator: no Kubernetes credentials: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    kopf.configure(verbose=args.verbose)
+    configure_operator_logging(args.verbose, fmt)
     try:
         system = system_names(args, scope)
     except SystemExit as e:

@@ -21,6 +21,8 @@ SERVER_HTTP_PORT = 55181
 MAX_REPLACE_LOST_AFTER = 30 * 86400
 # The server setting it becomes (WALTZ_SERVER_REPLACE_STORAGE_AFTER).
 REPLACE_STORAGE_AFTER = "replace_storage_after"
+# spec.logFormat: the daemons' log_format setting.
+LOG_FORMATS = ("text", "json")
 
 
 class SpecError(ValueError):
@@ -102,6 +104,7 @@ class ClusterSpec:
     image: ImageSpec
     retain_volumes: bool = True
     paused: bool = False
+    log_format: str = "text"  # the daemons' log lines: text or json
     tls: TlsSpec = TlsSpec()
     network_policy: NetworkPolicySpec = NetworkPolicySpec()
     zk_auth_secret: str = ""  # Secret whose ``credential`` key holds user:password
@@ -228,6 +231,13 @@ def _replace_lost_after(storage: Mapping[str, Any], server: TierSpec) -> int:
     return seconds
 
 
+def _log_format(spec: Mapping[str, Any]) -> str:
+    value = _get(spec, "logFormat", str, "text", "spec")
+    if value not in LOG_FORMATS:
+        raise SpecError(f"spec.logFormat must be one of {', '.join(LOG_FORMATS)}, got {value!r}")
+    return value
+
+
 def _tls(doc: Any) -> TlsSpec:
     if not isinstance(doc, Mapping):
         raise SpecError("spec.tls must be an object")
@@ -325,6 +335,7 @@ def parse(resource: Mapping[str, Any]) -> ClusterSpec:
         ),
         retain_volumes=_get(spec, "retainVolumes", bool, True, "spec"),
         paused=_get(spec, "paused", bool, False, "spec"),
+        log_format=_log_format(spec),
         tls=_tls(spec.get("tls", {})),
         network_policy=_network_policy(spec.get("networkPolicy", {})),
         zk_auth_secret=_get(zk, "authSecret", str, "", "spec.zookeeper"),

@@ -129,6 +129,8 @@ def _minimal() -> dict:
             ["spec", "storage", "replaceLostAfterSeconds"],
             "is not of type 'integer'",
         ),
+        (lambda s: s.update(logFormat="yaml"), ["spec", "logFormat"], "is not one of"),
+        (lambda s: s.update(logFormat="JSON"), ["spec", "logFormat"], "is not one of"),
     ],
     ids=[
         "no-partitions",
@@ -144,6 +146,8 @@ def _minimal() -> dict:
         "negative-replace-lost-after",
         "replace-lost-after-over-30-days",
         "replace-lost-after-not-seconds",
+        "log-format-unknown",
+        "log-format-upper-case",
     ],
 )
 def test_bad_resources_are_refused_naming_the_field(change, field, why):
@@ -608,3 +612,13 @@ def test_the_partitions_description_says_they_grow_and_never_shrink():
     partitions = SCHEMA["properties"]["spec"]["properties"]["partitions"]["description"]
     assert "Can grow, never shrink" in partitions and "fixed at creation" not in partitions
     assert "docs/operations.md#growing-the-partitions" in partitions
+
+
+def test_log_format_is_text_or_json_and_text_by_default():
+    field = SCHEMA["properties"]["spec"]["properties"]["logFormat"]
+    assert (field["type"], field["enum"], field["default"]) == ("string", ["text", "json"], "text")
+    for value in ("text", "json"):
+        resource = _minimal()
+        resource["spec"]["logFormat"] = value
+        _validate(resource)
+        assert parse(resource).log_format == value

@@ -43,6 +43,7 @@ SPECS = {
     "five-replicas": resource(replicasPerPartition=5, storage={"replicas": 7}),
     "drop-volumes": resource(retainVolumes=False, image={"pullSecrets": ["a", "b"]}),
     "plain": resource(tls={"mode": "disabled"}, networkPolicy={"enabled": False}),
+    "json-logs": resource(logFormat="json"),
     "network-policy": resource(
         networkPolicy={
             "enabled": True,
@@ -435,4 +436,67 @@ def test_a_bad_replace_lost_after_is_refused_naming_the_fields(storage, settings
     doc = resource(storage=storage, server={"settings": settings})
     with pytest.raises(SpecError) as info:
         parse(doc)
+    assert message in str(info.value)
+
+
+# --- spec.logFormat -----------------------------------------------------------------------
+
+
+def test_log_format_is_text_by_default_and_leaves_the_configmaps_as_they_were():
+    assert parse(resource()).log_format == "text"
+    for component in ("storage", "server"):
+        assert not any("LOG_FORMAT" in key for key in _config(resource(), component))
+    # Text given: the same objects as without the field, so no pod rolls.
+    assert desired_objects(parse(resource(logFormat="text"))) == desired_objects(parse(resource()))
+
+
+def test_log_format_json_reaches_both_daemons_as_their_setting(tmp_path):
+    doc = resource(logFormat="json", tls={"mode": "disabled"})
+    assert parse(doc).log_format == "json"
+    assert _config(doc, "storage")["WALTZ_STORAGE_LOG_FORMAT"] == "json"
+    assert _config(doc, "server")["WALTZ_SERVER_LOG_FORMAT"] == "json"
+    # Values each daemon takes, as its own setting.
+    from waltz_server.config import load_config as load_server
+    from waltz_storage.config import load_config as load_storage
+
+    assert load_server([], _config(doc, "server")).log_format == "json"
+    storage = {**_config(doc, "storage"), "WALTZ_STORAGE_DIRECTORY": str(tmp_path)}
+    assert load_storage([], storage).log_format == "json"
+
+
+def test_changing_log_format_rolls_both_tiers():
+    def hashes(doc: dict) -> dict[str, str]:
+        objects = by_kind(desired_objects(parse(doc)))
+        return {
+            kind: objects[kind][0]["spec"]["template"]["metadata"]["annotations"][
+                "waltz.io/config-hash"
+            ]
+            for kind in ("StatefulSet", "Deployment")
+        }
+
+    text, json = hashes(resource()), hashes(resource(logFormat="json"))
+    assert text["StatefulSet"] != json["StatefulSet"]
+    assert text["Deployment"] != json["Deployment"]
+
+
+def test_a_tiers_own_log_format_setting_wins_for_that_tier():
+    doc = resource(logFormat="json", server={"settings": {"log_format": "text"}})
+    assert _config(doc, "server")["WALTZ_SERVER_LOG_FORMAT"] == "text"
+    assert _config(doc, "storage")["WALTZ_STORAGE_LOG_FORMAT"] == "json"
+    doc = resource(storage={"settings": {"log_format": "json"}})
+    assert _config(doc, "storage")["WALTZ_STORAGE_LOG_FORMAT"] == "json"
+    assert "WALTZ_SERVER_LOG_FORMAT" not in _config(doc, "server")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("yaml", "spec.logFormat must be one of text, json, got 'yaml'"),
+        ("JSON", "spec.logFormat must be one of text, json, got 'JSON'"),
+        (True, "spec.logFormat must be str, got True"),
+    ],
+)
+def test_a_bad_log_format_is_refused_naming_the_field(value, message):
+    with pytest.raises(SpecError) as info:
+        parse(resource(logFormat=value))
     assert message in str(info.value)

@@ -965,3 +965,29 @@ def test_the_uninstall_hook_has_nothing_to_do_without_clusters_or_the_crd(monkey
     assert _run_uninstall_hook(monkeypatch, _FakeCustomObjects([])) == (0, 0.0)
     missing = _FakeCustomObjects(["waltz"], crd_missing=True)
     assert _run_uninstall_hook(monkeypatch, missing) == (0, 0.0)
+
+
+def test_log_format_values_reach_the_operator_and_the_cluster():
+    cluster_values = ["--values", str(CHART / "ci" / "cluster-values.yaml")]
+    default = by_kind(render(*cluster_values))
+    (operator,) = default["Deployment"]
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--log-format") for a in args)
+    assert "logFormat" not in default["WaltzCluster"][0]["spec"]  # the CRD's default: text
+
+    json_logs = by_kind(
+        render(*cluster_values, "--set", "operator.logFormat=json,cluster.logFormat=json")
+    )
+    (operator,) = json_logs["Deployment"]
+    assert "--log-format=json" in operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    (cluster,) = json_logs["WaltzCluster"]
+    assert cluster["spec"]["logFormat"] == "json"
+    jsonschema.validate(cluster, WALTZ_SCHEMA)
+    assert parse(cluster).log_format == "json"
+
+
+@pytest.mark.parametrize("value", ["operator.logFormat", "cluster.logFormat"])
+def test_a_bad_log_format_value_is_refused_naming_it(value):
+    proc = helm("template", "rel", str(CHART), "--set", f"{value}=yaml", check=False)
+    assert proc.returncode != 0
+    assert value in proc.stderr and "text" in proc.stderr, proc.stderr

@@ -86,6 +86,7 @@ DEFAULTS = {
     "storage_tls_verify_peer": True,
     "ready_file": "",
     "log_level": "INFO",
+    "log_format": "text",
     "zk_credential": None,
 }
 
@@ -313,7 +314,7 @@ def test_unknown_key_in_the_file(tmp_path, text, key):
     path = toml_file(tmp_path, text)
     message = config_error([*ZK, "--config", path])
     assert message.startswith(f"{path}: unknown setting {key!r} (known: zookeeper, zk_root, ")
-    assert message.endswith("storage_tls_verify_peer, ready_file, log_level)")
+    assert message.endswith("storage_tls_verify_peer, ready_file, log_level, log_format)")
 
 
 def test_missing_file(tmp_path):
@@ -450,6 +451,7 @@ BAD_VALUES = [
     ("max_in_flight", "1025", "expected an integer in 1..1024"),
     ("checkpoint_interval", "0", "expected an integer in 1..4611686018427387904"),
     ("log_level", "LOUD", "expected DEBUG, INFO, WARNING or ERROR, got 'LOUD'"),
+    ("log_format", "yaml", "expected text or json, got 'yaml'"),
     ("zk_root", "", "expected a non-empty string, got ''"),
     ("host", " ", "expected a non-empty string, got ' '"),
 ]
@@ -577,6 +579,9 @@ def test_server_id_with_a_trailing_newline_is_refused(tmp_path, source):
         ("max_in_flight", "1024", 1024),
         ("log_level", "warning", "WARNING"),
         ("log_level", "Error", "ERROR"),
+        ("log_format", "json", "json"),
+        ("log_format", "JSON", "json"),
+        ("log_format", "text", "text"),
         ("advertised_host", "waltz-0.waltz.svc", "waltz-0.waltz.svc"),
         ("ready_file", "/tmp/ready.json", "/tmp/ready.json"),
         ("host", "127.0.0.1", "127.0.0.1"),

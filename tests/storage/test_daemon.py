@@ -112,6 +112,7 @@ BAD_FLAGS = {
     "segment_bytes_too_small": ({"segment-bytes": "100"}, ["segment_bytes"]),
     "queue_max_requests_zero": ({"queue-max-requests": "0"}, ["queue_max_requests"]),
     "log_level": ({"log-level": "LOUD"}, ["log_level"]),
+    "log_format": ({"log-format": "yaml"}, ["log_format", "yaml", "text or json"]),
 }
 
 

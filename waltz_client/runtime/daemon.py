@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from . import event_loop, file_limit
 from .http_guard import GuardedSite, start_guarded_http
+from .json_logs import TEXT, configure_logging
 from .tls import TlsContexts, TlsFiles
 
 # A probe: whether it passes, and the JSON body that says why.
@@ -134,9 +135,7 @@ def run_daemon(
     except config_error as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    logging.basicConfig(
-        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(config.log_level, getattr(config, "log_format", TEXT))
     logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         event_loop.chosen()  # a bad WALTZ_EVENT_LOOP: one line, before serve() is called

@@ -200,6 +200,13 @@ def log_level(value: Any) -> str:
     return level
 
 
+def log_format(value: Any) -> str:
+    word = str(value).strip().lower()
+    if word not in ("text", "json"):
+        raise ValueError(f"expected text or json, got {value!r}")
+    return word
+
+
 REQUIRED = object()
 
 
@@ -216,12 +223,20 @@ class Setting:
 
 
 def ready_file_and_log_settings() -> list[Setting]:
-    """The daemon settings (both daemons) that come last: the ready file and the log level."""
+    """The daemon settings (both daemons) that come last: the ready file, the log level
+    and the log format."""
     return [
         Setting(
             "ready_file", writable_file_path, "", "write the bound ports here (JSON) once serving"
         ),
         Setting("log_level", log_level, "INFO", "DEBUG, INFO, WARNING or ERROR"),
+        Setting(
+            "log_format",
+            log_format,
+            "text",
+            "text, or json: one object a line (time, level, logger, message, exception, "
+            "partition, session, peer)",
+        ),
     ]
 
 

@@ -309,6 +309,7 @@ class ServerConfig:
     storage_tls_verify_peer: bool
     ready_file: str
     log_level: str
+    log_format: str
     zk_credential: ZkCredential | None = None  # read from zk_auth_file
 
     @property

@@ -25,6 +25,7 @@ from kazoo.exceptions import KazooException
 from waltz_client.cluster.access import OPEN_ACCESS, Access, AccessPolicy
 from waltz_client.cluster.client_ids import ClientIdRefused
 from waltz_client.cluster.errors import ClusterError
+from waltz_client.runtime.json_logs import PEER, log_context, set_log_context
 from waltz_client.runtime.peer_connection import ErrorKinds, PeerConnection
 from waltz_client.runtime.peer_limits import PeerGuard, PeerLimits
 from waltz_client.runtime.peer_warnings import PeerWarnings
@@ -216,7 +217,20 @@ class ClientConnectionHandler(PeerConnection):
         if self._transport is not None:
             self._out = CorkedWriter(self._transport)
 
+    def data_received(self, data: bytes) -> None:
+        # Each protocol callback sets the client's address for what it logs, and for the
+        # tasks it starts (reads, client ID checks, feeds), which copy the context.
+        token = PEER.set(self.peer)  # the hot path: no log_context object
+        try:
+            super().data_received(data)
+        finally:
+            PEER.reset(token)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        with log_context(peer=self.peer):
+            self._connection_lost(exc)
+
+    def _connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         if self._backlog_drain is not None:
             self._backlog_drain.cancel()
@@ -257,7 +271,11 @@ class ClientConnectionHandler(PeerConnection):
         """Take the frames received until reads or replies in flight, or a full partition
         queue, say stop."""
         self._backlog_drain = None
-        super()._work_through_backlog()
+        token = PEER.set(self.peer)
+        try:
+            super()._work_through_backlog()
+        finally:
+            PEER.reset(token)
 
     def _take(self, message_type: int, body: bytes) -> None:
         self._admit(decode_client_request(message_type, body, self._max_data_bytes))
@@ -477,6 +495,7 @@ class ClientConnectionHandler(PeerConnection):
 
     async def _rpc(self, partition: Partition | None, message: ClientMessage) -> None:
         q = message.req_id
+        set_log_context(partition=q.partition_id)  # this task's own context
         if partition is None:
             self._error(q, ErrorCode.NOT_OWNER, f"partition {q.partition_id} is not owned here")
             return

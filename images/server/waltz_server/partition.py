@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from waltz_client.cluster.retention import RetentionPolicy
+from waltz_client.runtime.json_logs import log_context
 from waltz_client.wire.client_messages import (
     AppendRequest,
     ErrorCode,
@@ -134,15 +135,25 @@ class Partition:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self.sessions.run()),
-            loop.create_task(self._append_loop()),
-            loop.create_task(self.sessions.retention_loop()),
-        ]
+        # The tasks copy the context now: every line they log names the partition.
+        with log_context(partition=self.partition_id):
+            self._tasks = [
+                loop.create_task(self.sessions.run()),
+                loop.create_task(self._append_loop()),
+                loop.create_task(self.sessions.retention_loop()),
+            ]
 
     async def stop(self, reason: str) -> None:
         if self.state == State.STOPPED:
             return
+        session = self.sessions.session
+        # The server stops it from its own task: what the stopping logs names it too.
+        with log_context(
+            partition=self.partition_id, session=session.session_id if session else None
+        ):
+            await self._stop(reason)
+
+    async def _stop(self, reason: str) -> None:
         self.state = State.STOPPED
         self.status = f"stopped: {reason}"
         for task in self._tasks:
@@ -440,7 +451,8 @@ class Partition:
     def subscribe(
         self, connection: ClientConnection, req_id: ReqId, client_hwm: int, mounted: bool = False
     ) -> Subscription:
-        sub = Subscription(self, connection, req_id, client_hwm, mounted)
+        with log_context(partition=self.partition_id):  # the feed's task names it
+            sub = Subscription(self, connection, req_id, client_hwm, mounted)
         self.subscriptions[sub] = None
         connection.feeds.add(sub)
         self.slots.feed_started(sub)

@@ -23,6 +23,7 @@ from kazoo.exceptions import KazooException
 
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.replica_safety import writing_session
+from waltz_client.runtime.json_logs import set_log_context
 from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import ProtocolError, describe
 from waltz_client.wire.framing import OpenConnection
@@ -191,6 +192,9 @@ async def _attempt(
     p = ctx.partition_id
     meta, version = await _new_session_id(ctx)
     session_id = meta.session_id
+    # The session loop's task: its lines from here on, and the tasks it starts (the
+    # store session's writer, catch-ups), name this session.
+    set_log_context(partition=p, session=session_id)
     report(f"recovering in session {session_id}")
     clients: dict[str, StorageClient] = {}
     shared: list[Member] = []  # members given the server's shared connections

@@ -20,6 +20,7 @@ from functools import partial
 from typing import Protocol
 
 from waltz_client.cluster.retention import RetentionPolicy
+from waltz_client.runtime.json_logs import SESSION
 from waltz_client.wire.errors import describe
 from waltz_client.wire.records import RecordBatch
 from waltz_client.wire.storage_client import answers_handshake
@@ -132,6 +133,7 @@ class SessionLoop:
                 self._own = OwnSession(session.session_id, owner.high_water_mark)
                 await session.close(reason)
                 self.session = None
+                SESSION.set(None)  # until recovery picks the next session's ID
         except Superseded as e:
             if owner.stopped:
                 return  # already replaced: the server's current partition is not ours

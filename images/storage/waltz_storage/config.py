@@ -179,6 +179,7 @@ class StorageConfig:
     tls_allowed_peers: tuple[str, ...]
     ready_file: str
     log_level: str
+    log_format: str
 
     @property
     def zk_tls(self) -> TlsFiles | None:

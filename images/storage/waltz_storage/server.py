@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from waltz_client.runtime.json_logs import PEER, log_context
 from waltz_client.runtime.listener import listen
 from waltz_client.runtime.peer_connection import ErrorKinds, PeerConnection
 from waltz_client.runtime.peer_limits import PeerGuard, PeerLimits
@@ -170,10 +171,11 @@ class NodeWorker:
             for (conn, _, _, size), response in zip(group, responses, strict=True):
                 answers.setdefault(conn, []).append((response, size))
             for conn, items in answers.items():
-                try:
-                    conn.respond(items)
-                except Exception:  # one bad response must not stop the node
-                    log.exception("cannot send %d response(s) to %s", len(items), conn.peer)
+                with log_context(peer=conn.peer):
+                    try:
+                        conn.respond(items)
+                    except Exception:  # one bad response must not stop the node
+                        log.exception("cannot send %d response(s) to %s", len(items), conn.peer)
             self._answered += len(group)
             self._progress.set()
 
@@ -262,9 +264,19 @@ class StorageConnection(PeerConnection):
             f"({','.join(allowed)})"
         )
 
+    def data_received(self, data: bytes) -> None:
+        # Each protocol callback sets the peer's address for what it logs (the hot path:
+        # no log_context object).
+        token = PEER.set(self.peer)
+        try:
+            super().data_received(data)
+        finally:
+            PEER.reset(token)
+
     def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._server.waiting.pop(self, None)
+        with log_context(peer=self.peer):
+            super().connection_lost(exc)
+            self._server.waiting.pop(self, None)
 
     def pause_writing(self) -> None:
         self._write_blocked = True
@@ -272,7 +284,8 @@ class StorageConnection(PeerConnection):
 
     def resume_writing(self) -> None:
         self._write_blocked = False
-        self._work_through_backlog()
+        with log_context(peer=self.peer):
+            self._work_through_backlog()
 
     def over_budget(self, over: bool) -> None:
         self._over_budget = over
@@ -364,7 +377,8 @@ class StorageConnection(PeerConnection):
     def node_resumed(self) -> None:
         """The node's queues fell below half their budget: take requests again."""
         self._node_paused = False
-        self._work_through_backlog()
+        with log_context(peer=self.peer):
+            self._work_through_backlog()
 
     def _send(self, response: StorageMessage) -> None:
         if self._transport is not None and not self._transport.is_closing():

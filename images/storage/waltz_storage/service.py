@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from waltz_client.cluster.metadata import key_fingerprint
+from waltz_client.runtime.json_logs import log_context
 from waltz_client.wire.storage_messages import (
     FailureResponse,
     OpenRequest,
@@ -51,7 +52,8 @@ def process_group(
         pending = []
         for service, requests in group:
             held.enter_context(service.lock)
-            pending.append(service.write(requests))
+            with _log_context(service, requests):
+                pending.append(service.write(requests))
         appending = [p for p in pending if p.unsynced]
         if len(appending) > 1 and group_sync.available:
             sync_data: Callable[[int], None] = already_durable
@@ -64,11 +66,22 @@ def process_group(
                 elapsed = time.perf_counter() - started
                 metrics.group_sync_seconds.labels(group_sync.method).observe(elapsed)
             for p in appending:
-                p.service.commit(p, sync_data)
+                with log_context(partition=p.service.partition_id):
+                    p.service.commit(p, sync_data)
         else:
             for p in appending:
-                p.service.commit(p)
+                with log_context(partition=p.service.partition_id):
+                    p.service.commit(p)
         return [p.responses for p in pending]  # type: ignore[misc]
+
+
+def _log_context(service: PartitionService, requests: list[StorageMessage]) -> log_context:
+    """What a partition's requests log names: the partition, and the server's session
+    when they all come from one."""
+    session: int | None = requests[0].session_id if requests else None
+    if any(r.session_id != session for r in requests):
+        session = None
+    return log_context(partition=service.partition_id, session=session)
 
 
 def process_in_order(
@@ -284,6 +297,19 @@ class StorageNode:
 
     @staticmethod
     def _open_partition(
+        directory: str,
+        control: ControlFile,
+        partition_id: int,
+        settings: EngineSettings,
+        metrics: StorageMetrics,
+    ) -> PartitionService:
+        with log_context(partition=partition_id):
+            return StorageNode._open_partition_here(
+                directory, control, partition_id, settings, metrics
+            )
+
+    @staticmethod
+    def _open_partition_here(
         directory: str,
         control: ControlFile,
         partition_id: int,
