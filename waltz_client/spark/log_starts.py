@@ -15,9 +15,10 @@ from kazoo.exceptions import NoNodeError
 
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.paths import ClusterPaths
-from waltz_client.cluster.zk import close, connect
+from waltz_client.cluster.zk import close
 
 from .options import ReadOptions
+from .zookeeper import connect_zookeeper
 
 
 class LogStarts:
@@ -28,16 +29,19 @@ class LogStarts:
         self._paths = ClusterPaths.of(options.zk_root)
         self._zk: KazooClient | None = None
 
+    def connect(self) -> KazooClient:
+        """The session, opened if need be: a ClusterError naming the options when
+        ZooKeeper does not answer within requestTimeout (the driver connects here
+        first, so a dead ensemble fails the query that soon)."""
+        if self._zk is None:
+            self._zk = connect_zookeeper(self.options)
+        return self._zk
+
     def read(self, partitions: Iterable[int]) -> dict[int, int]:
         """partition -> its log start (0 for a partition without metadata yet)."""
-        if self._zk is None:
-            self._zk = connect(
-                self.options.zookeeper,
-                timeout=self.options.request_timeout,
-                tls=self.options.zk_tls,
-            )
+        zk = self.connect()
         # All the reads under way at once: one round trip however many partitions.
-        pending = {p: self._zk.get_async(self._paths.partition(p)) for p in partitions}
+        pending = {p: zk.get_async(self._paths.partition(p)) for p in partitions}
         starts = {}
         for p, answer in pending.items():
             try:

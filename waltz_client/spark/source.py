@@ -38,7 +38,7 @@ from waltz_client.blocking import BlockingWaltzClient
 
 from .arrow import SCHEMA_DDL
 from .log_starts import LogStarts
-from .options import ReadOptions, parse_read_options, parse_write_options
+from .options import ReadOptions, WaltzOptionError, parse_read_options, parse_write_options
 from .planning import (
     Split,
     check_range,
@@ -49,8 +49,9 @@ from .planning import (
     plan_splits,
     resolve,
 )
-from .split_reader import client_config, read_split, skip_lost
+from .split_reader import open_client, read_split, skip_lost
 from .writer import WaltzStreamWriter, WaltzWriter, job_high_water_marks
+from .zookeeper import describe
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,16 @@ class WaltzDataSource(DataSource):
         return WaltzBatchReader(parse_read_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return WaltzStreamReader(parse_read_options(self.options, streaming=True))
+        # Spark creates the stream reader when the query starts (``load()`` cannot tell a
+        # stream from a batch: both only ask for the schema). PySpark 4's streaming
+        # runner loses an exception raised here behind its own UnboundLocalError (it
+        # stops a reader it never got), so a bad option is raised by the reader's first
+        # call instead, which fails the query with this message before any batch.
+        try:
+            options = parse_read_options(self.options, streaming=True)
+        except WaltzOptionError as e:
+            return _RefusedStreamReader(e)
+        return WaltzStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         options = parse_write_options(self.options, streaming=False)
@@ -85,8 +95,11 @@ class WaltzDataSource(DataSource):
         return WaltzStreamWriter(parse_write_options(self.options, streaming=True), schema)
 
 
-def _driver_client(options: ReadOptions) -> BlockingWaltzClient:
-    return BlockingWaltzClient(client_config(options))
+def _driver_client(options: ReadOptions, log_starts: LogStarts) -> BlockingWaltzClient:
+    """The driver's client, once ``log_starts`` has reached ZooKeeper (within
+    requestTimeout: the client itself would wait for it longer)."""
+    log_starts.connect()
+    return open_client(options)
 
 
 def _latest(client: BlockingWaltzClient, partitions: list[int]) -> dict[int, int]:
@@ -119,9 +132,12 @@ class WaltzBatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
 
+    def __repr__(self) -> str:
+        return describe(self.options)
+
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
-        with _driver_client(o) as client, LogStarts(o) as log_starts:
+        with LogStarts(o) as log_starts, _driver_client(o, log_starts) as client:
             partitions = chosen_partitions(o.partitions, client.num_partitions)
             earliest = log_starts.read(partitions)  # first: never beyond latest
             latest = _latest(client, partitions)
@@ -149,18 +165,24 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __getstate__(self) -> dict[str, Any]:  # executors get the options, not the clients
         return {"options": self.options, "_client": None, "_log_starts": None, "_target": None}
 
+    def __repr__(self) -> str:
+        return describe(self.options)
+
+    def _starts(self) -> LogStarts:
+        if self._log_starts is None:
+            self._log_starts = LogStarts(self.options)
+        return self._log_starts
+
     def _driver(self) -> BlockingWaltzClient:
         if self._client is None:
-            self._client = _driver_client(self.options)
+            self._client = _driver_client(self.options, self._starts())
         return self._client
 
     def _partitions(self) -> list[int]:
         return chosen_partitions(self.options.partitions, self._driver().num_partitions)
 
     def _earliest(self, partitions: list[int]) -> dict[int, int]:
-        if self._log_starts is None:
-            self._log_starts = LogStarts(self.options)
-        return self._log_starts.read(partitions)
+        return self._starts().read(partitions)
 
     def _partitions_and_latest(self) -> tuple[list[int], dict[int, int]]:
         partitions = self._partitions()
@@ -230,3 +252,41 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._log_starts is not None:
             self._log_starts.close()
             self._log_starts = None
+
+
+class _RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """A stream whose options were refused: every call raises the refusal (the first
+    one Spark makes, as the query starts, fails it with the option's message)."""
+
+    def __init__(self, error: WaltzOptionError) -> None:
+        self.error = error
+
+    def _refuse(self) -> Any:
+        raise WaltzOptionError(str(self.error))
+
+    def initialOffset(self) -> dict:
+        return self._refuse()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self._refuse()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._refuse()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return self._refuse()
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._refuse()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._refuse()
+
+    def commit(self, end: dict) -> None:
+        self._refuse()
+
+    def stop(self) -> None:
+        pass

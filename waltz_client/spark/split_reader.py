@@ -18,6 +18,7 @@ from waltz_client.wire.records import UncheckedRecords
 from .arrow import checked_to_arrow
 from .options import ReadOptions, WriteOptions
 from .planning import Split
+from .zookeeper import reaching_zookeeper
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,12 @@ def client_config(options: ReadOptions | WriteOptions) -> WaltzClientConfig:
         tls=options.tls,
         zk_tls=options.zk_tls,
     )
+
+
+def open_client(options: ReadOptions | WriteOptions) -> BlockingWaltzClient:
+    """A started client (``client_config``), kazoo's retry noise kept out of stderr
+    while it connects, and an error that names the options when it cannot."""
+    return reaching_zookeeper(options, lambda: BlockingWaltzClient(client_config(options)))
 
 
 _clients: dict[tuple, BlockingWaltzClient] = {}
@@ -51,7 +58,7 @@ def shared_client(options: ReadOptions) -> BlockingWaltzClient:
     with _clients_lock:
         client = _clients.get(key)
         if client is None or client.client.closed:
-            client = BlockingWaltzClient(client_config(options))
+            client = open_client(options)
             _clients[key] = client
         return client
 

@@ -25,12 +25,11 @@ from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StructType
 
-from waltz_client.blocking import BlockingWaltzClient
 from waltz_client.client import SubmitStatus, WaltzClient, WaltzError
 from waltz_client.transaction import Lock, TransactionBuilder, TransactionContext
 
 from .options import WaltzOptionError, WriteOptions
-from .split_reader import client_config
+from .split_reader import open_client
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +76,7 @@ def job_high_water_marks(options: WriteOptions) -> dict[int, int] | None:
         return options.lock_marks
     if options.lock_high_water_mark != "job":
         return None
-    config = client_config(options)
-    with BlockingWaltzClient(config) as client:
+    with open_client(options) as client:
         return {p: client.high_water_mark(p) for p in range(client.num_partitions)}
 
 
@@ -170,8 +168,7 @@ def append_rows(
     options: WriteOptions, rows: Iterator[Row], fixed: dict[int, int] | None
 ) -> WaltzCommitMessage:
     message = WaltzCommitMessage()
-    config = client_config(options)
-    with BlockingWaltzClient(config) as client:
+    with open_client(options) as client:
         n = client.num_partitions
         chunk: list[_RowAppend] = []
         for index, row in enumerate(rows):
