@@ -37,6 +37,9 @@ from .wire.server_connection import ServerConnection
 # The client's logger: what a partition does is what the client does.
 log = logging.getLogger("waltz_client.client")
 
+# Seconds an append may go unanswered before a flush asks what became of it.
+FLUSH_UNANSWERED_AFTER = 1.0
+
 # Stream messages queued for one partition before its server's stream stops being read
 # (each FeedData carries up to a few thousand headers).
 MAX_INBOX = 64
@@ -143,10 +146,14 @@ class PartitionDriver(Generic[S]):
         return hwm
 
     async def _watchdog(self) -> None:
-        """Appends unanswered for ``request_timeout`` get a flush: its answer settles any
-        the server dropped without a trace (a stale generation, a lost store session)."""
+        """Appends unanswered for ``FLUSH_UNANSWERED_AFTER`` get a flush: its answer
+        settles any the server dropped without a trace (a stale generation, a lost store
+        session). The server answers a flush only once every append before it is
+        resolved, so an early one costs a message, never a wrong answer; waiting for
+        ``request_timeout`` instead held a producer for 30 s after a storage node paused,
+        though its partition had recovered within seconds."""
         loop = asyncio.get_running_loop()
-        timeout = self.context.config.request_timeout
+        timeout = min(self.context.config.request_timeout, FLUSH_UNANSWERED_AFTER)
         period = max(0.05, timeout / 4)
         while True:
             await asyncio.sleep(period)
