@@ -81,6 +81,8 @@ def test_a_dead_zookeeper_fails_within_request_timeout_quietly(caplog):
     from waltz_client.spark.zookeeper import connect_zookeeper
 
     caplog.set_level(logging.DEBUG)
+    # An earlier test in this process may have quietened kazoo (the CLI sets it to ERROR).
+    caplog.set_level(logging.DEBUG, logger="kazoo")
     address = dead_zookeeper()
     options = parse_read_options({"zookeeper": address, "requestTimeout": "1"}, streaming=False)
     began = time.monotonic()
@@ -110,6 +112,8 @@ def test_a_client_that_loses_zookeeper_logs_the_outage_once(caplog):
     import waltz_client.spark.zookeeper  # noqa: F401  (installs the filter)
 
     caplog.set_level(logging.DEBUG)
+    # An earlier test in this process may have quietened kazoo (the CLI sets it to ERROR).
+    caplog.set_level(logging.DEBUG, logger="kazoo")
     zk = KazooClient(hosts=dead_zookeeper(), logger=logging.getLogger("kazoo.client"))
     zk.start_async()
     time.sleep(1.5)
