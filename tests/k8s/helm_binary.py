@@ -68,3 +68,17 @@ def _binary_from_wheel(wheel: str, name: str) -> bytes:
 
 if __name__ == "__main__":
     print(helm_path())
+
+
+def helm_template(chart: str, namespace: str, *args: str) -> list[dict]:
+    """``helm template`` of ``chart`` in ``namespace`` (and ``args``): its documents."""
+    import yaml
+
+    proc = subprocess.run(
+        [helm_path(), "template", "rel", chart, "--namespace", namespace, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]

@@ -26,7 +26,7 @@ import subprocess
 
 import pytest
 import yaml
-from helm_binary import helm_path
+from helm_binary import helm_template as chart_documents
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -70,15 +70,7 @@ def require_prometheus_binary(name: str) -> str:
 
 
 def render_chart(*args: str) -> list[dict]:
-    proc = subprocess.run(
-        [helm_path(), "template", "rel", str(CHART), "--namespace", NAMESPACE, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    return chart_documents(str(CHART), NAMESPACE, *args)
 
 
 def chart_rule_groups(*args: str) -> list[dict]:

@@ -23,7 +23,6 @@ import copy
 import json
 import pathlib
 import re
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,9 +30,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import jsonschema
 import pytest
-import yaml
 from aiohttp.test_utils import TestClient, TestServer
-from helm_binary import helm_path
+from helm_binary import helm_template as chart_documents
 from prometheus_client.parser import text_string_to_metric_families
 
 from waltz_client import (
@@ -82,15 +80,7 @@ MONITORING_KINDS = {"PodMonitor", "PrometheusRule"}
 
 
 def helm_template(*args: str) -> list[dict]:
-    proc = subprocess.run(
-        [helm_path(), "template", "rel", str(CHART), "--namespace", NAMESPACE, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    return chart_documents(str(CHART), NAMESPACE, *args)
 
 
 @dataclass

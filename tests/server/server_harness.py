@@ -17,6 +17,7 @@ import itertools
 import os
 import time
 
+from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
@@ -54,6 +55,75 @@ class Put(TransactionContext):
         builder.set_header(self.header)
         builder.set_data(self.data)
         return True
+
+
+async def write_each(cluster: LocalCluster, partitions: range, count: int, tag: bytes) -> None:
+    """``count`` transactions ``<tag>-<partition>-<i>`` into each partition, all committed."""
+    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
+    async with WaltzClient(config) as producer:
+        results = await asyncio.gather(
+            *(
+                producer.submit(Put(b"%s-%d-%d" % (tag, p, i), p))
+                for p in partitions
+                for i in range(count)
+            )
+        )
+        assert all(r.committed for r in results), [r for r in results if not r.committed]
+
+
+def read_all(cluster: LocalCluster, partition: int) -> list[bytes]:
+    """Every committed transaction's data of the partition, in order (a range read)."""
+
+    async def read() -> list[bytes]:
+        config = WaltzClientConfig(
+            cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False
+        )
+        async with WaltzClient(config) as reader:
+            return [r.data async for r in reader.read(partition)]
+
+    return asyncio.run(read())
+
+
+def longest_gap_while_paused(
+    cluster: LocalCluster,
+    config: WaltzClientConfig,
+    data: bytes,
+    in_flight: int,
+    settled_after: float,
+) -> float:
+    """Storage node 1 paused under a writer keeping ``in_flight`` appends of ``data`` in
+    flight on partition 0: the longest time (s) without a commit from the pause until
+    commits have gone on for a while, ``settled_after`` seconds after it."""
+
+    async def scenario() -> float:
+        commits: list[float] = []
+        async with WaltzClient(config) as client:
+
+            async def write() -> None:
+                while True:
+                    results = await asyncio.gather(
+                        *(client.submit(Put(data)) for _ in range(in_flight))
+                    )
+                    assert all(r.committed for r in results)
+                    commits.append(time.monotonic())
+
+            writer = asyncio.ensure_future(write())
+            await asyncio.sleep(2)
+            cluster.storages[1].pause()
+            paused = time.monotonic()
+            try:
+                while time.monotonic() - paused < settled_after + 35:
+                    await asyncio.sleep(0.5)
+                    if commits and commits[-1] - paused > settled_after and len(commits) > 10:
+                        break  # well after the session left it: commits go on
+            finally:
+                cluster.storages[1].resume()
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+        after = [paused, *[t for t in commits if t > paused]]
+        return max(b - a for a, b in itertools.pairwise(after))
+
+    return asyncio.run(scenario())
 
 
 def ownership(cluster: LocalCluster) -> dict[int, tuple[str | None, int]]:

@@ -5,13 +5,11 @@ append has to find out; when it answers again it rejoins. Real processes."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from server_harness import Put, wait_for
+from server_harness import Put, longest_gap_while_paused, wait_for
 
 from waltz_client import WaltzClient, WaltzClientConfig
 
@@ -72,37 +70,8 @@ def test_over_tls_a_paused_replica_does_not_hold_recovery_for_the_tls_close(make
         zk_tls=cluster.client_zk_tls,
     )
 
-    async def scenario() -> float:
-        """The longest time without a commit while a writer keeps the connections' buffers
-        full and one replica is paused."""
-        commits: list[float] = []
-        async with WaltzClient(config) as client:
-
-            async def write() -> None:
-                while True:
-                    results = await asyncio.gather(
-                        *(client.submit(Put(b"x" * 65536)) for _ in range(16))
-                    )
-                    assert all(r.committed for r in results)
-                    commits.append(time.monotonic())
-
-            writer = asyncio.ensure_future(write())
-            await asyncio.sleep(2)
-            cluster.storages[1].pause()
-            paused = time.monotonic()
-            try:
-                while time.monotonic() - paused < 45:
-                    await asyncio.sleep(0.5)
-                    if commits and commits[-1] - paused > 12 and len(commits) > 10:
-                        break  # well after the session left it: commits go on
-            finally:
-                cluster.storages[1].resume()
-                writer.cancel()
-                await asyncio.gather(writer, return_exceptions=True)
-        after = [paused, *[t for t in commits if t > paused]]
-        return max(b - a for a, b in itertools.pairwise(after))
-
-    gap = asyncio.run(scenario())
+    # Writes of 64 KiB keep the connections' buffers full.
+    gap = longest_gap_while_paused(cluster, config, b"x" * 65536, 16, settled_after=12)
     log = Path(cluster.servers[0].log_path).read_text()
     assert "SSL shutdown timed out" not in log
     # Expected: a 2 s ping, a 2 s dial of the paused node, and the recovery; the old wait

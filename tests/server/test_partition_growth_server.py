@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from server_harness import replica_logs, wait_for
+from server_harness import read_all, replica_logs, wait_for, write_each
 
 from waltz_client import (
     Transaction,
@@ -135,32 +135,6 @@ def test_growth_under_load_loses_nothing_and_every_partition_serves(make_cluster
     asyncio.run(scenario())
 
 
-class Into(TransactionContext):
-    def __init__(self, partition: int, data: bytes) -> None:
-        self.partition = partition
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.partition
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
-
-
-async def write_each(cluster, partitions: range, count: int, tag: bytes) -> None:
-    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
-    async with WaltzClient(config) as producer:
-        results = await asyncio.gather(
-            *(
-                producer.submit(Into(p, b"%s-%d-%d" % (tag, p, i)))
-                for p in partitions
-                for i in range(count)
-            )
-        )
-        assert all(r.committed for r in results), [r for r in results if not r.committed]
-
-
 def data_of(cluster, partition: int) -> list[list[bytes]]:
     return [[r.data for r in log] for log in replica_logs(cluster, partition)]
 
@@ -213,12 +187,6 @@ def test_the_assigner_killed_as_the_cluster_grows_leaves_no_partition_unserved(m
     asyncio.run(write_each(cluster, range(6), 10, b"after"))
     # Nothing committed before the growth is lost, and every partition serves reads.
     for p in range(6):
-        records = asyncio.run(read_all(cluster, p))
+        records = read_all(cluster, p)
         before = [b"before-%d-%d" % (p, i) for i in range(10)] if p < 2 else []
         assert sorted(records) == sorted(before + [b"after-%d-%d" % (p, i) for i in range(10)])
-
-
-async def read_all(cluster, partition: int) -> list[bytes]:
-    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
-    async with WaltzClient(config) as reader:
-        return [r.data async for r in reader.read(partition)]

@@ -12,40 +12,14 @@ import sys
 import urllib.request
 
 import pytest
-from server_harness import replica_logs, wait_for
+from server_harness import Put, read_all, replica_logs, wait_for, write_each
 
-from waltz_client import TransactionBuilder, TransactionContext, WaltzClient, WaltzClientConfig
+from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_client.cluster import admin
 from waltz_client.cluster.replace_storage import read_replacements
 from waltz_client.cluster.zk import close
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Into(TransactionContext):
-    def __init__(self, partition: int, data: bytes) -> None:
-        self.partition = partition
-        self.data = data
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.partition
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.data)
-        return True
-
-
-async def write_each(cluster, partitions: range, count: int, tag: bytes) -> None:
-    config = WaltzClientConfig(cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False)
-    async with WaltzClient(config) as producer:
-        results = await asyncio.gather(
-            *(
-                producer.submit(Into(p, b"%s-%d-%d" % (tag, p, i)))
-                for p in partitions
-                for i in range(count)
-            )
-        )
-        assert all(r.committed for r in results), [r for r in results if not r.committed]
 
 
 def assigned_logs_identical(cluster, partitions: range, expected: dict[int, list[bytes]]) -> bool:
@@ -63,17 +37,6 @@ def assigned_logs_identical(cluster, partitions: range, expected: dict[int, list
             if held != expected[p]:
                 return False
     return True
-
-
-def committed(cluster, partition: int) -> list[bytes]:
-    async def read() -> list[bytes]:
-        config = WaltzClientConfig(
-            cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False
-        )
-        async with WaltzClient(config) as reader:
-            return [r.data async for r in reader.read(partition)]
-
-    return asyncio.run(read())
 
 
 def show_json(cluster) -> dict:
@@ -138,8 +101,8 @@ def test_the_servers_replace_a_storage_node_that_stays_unreachable(make_cluster)
         for p in range(4)
     }
     for p in range(4):
-        assert sorted(committed(cluster, p)) == sorted(expected[p])
-    ordered = {p: committed(cluster, p) for p in range(4)}
+        assert sorted(read_all(cluster, p)) == sorted(expected[p])
+    ordered = {p: read_all(cluster, p) for p in range(4)}
     wait_for(
         lambda: assigned_logs_identical(cluster, range(4), ordered),
         120,
@@ -199,7 +162,7 @@ def test_replace_storage_by_hand_retires_a_live_node_under_load(make_cluster):
             async with WaltzClient(config) as producer:
                 while not stop.is_set():
                     batch = [
-                        Into(p, b"load-%d-%d" % (p, written[p] + k))
+                        Put(b"load-%d-%d" % (p, written[p] + k), p)
                         for p in (0, 1)
                         for k in range(10)
                     ]
@@ -232,7 +195,7 @@ def test_replace_storage_by_hand_retires_a_live_node_under_load(make_cluster):
     for p in ("0", "1"):
         assert len(doc["partitions"][p]["members"]) == 3
         assert retiring not in doc["partitions"][p]["members"]
-    ordered = {p: committed(cluster, p) for p in range(2)}
+    ordered = {p: read_all(cluster, p) for p in range(2)}
     assert all(len(v) > 0 for v in ordered.values())
     wait_for(
         lambda: assigned_logs_identical(cluster, range(2), ordered),
@@ -280,7 +243,7 @@ def test_a_replacement_survives_the_assigner_being_killed_midway(make_cluster):
         assert [e.action for e in record.events if e.storage == lost][-1] == "removed"
     finally:
         close(zk)
-    ordered = {p: committed(cluster, p) for p in range(4)}
+    ordered = {p: read_all(cluster, p) for p in range(4)}
     for p in range(4):
         assert sorted(ordered[p]) == sorted(b"%s-%d-%d" % (b"x" * 1000, p, i) for i in range(300))
     wait_for(

@@ -524,7 +524,7 @@ def update_access(
 ) -> AccessPolicy:
     """Compare-and-set the access policy (created on first use)."""
     params = read_params(zk, root)
-    return _update_policy(
+    return update_document(
         zk,
         ClusterPaths.of(root).access,
         "the access policy",
@@ -553,7 +553,7 @@ def update_retention(
 ) -> RetentionPolicy:
     """Compare-and-set the retention policy (created on first use)."""
     params = read_params(zk, root)
-    return _update_policy(
+    return update_document(
         zk,
         ClusterPaths.of(root).retention,
         "the retention policy",
@@ -563,7 +563,7 @@ def update_retention(
     )
 
 
-def _update_policy(
+def update_document(
     zk: KazooClient,
     path: str,
     what: str,
@@ -571,8 +571,8 @@ def _update_policy(
     change: Callable[[P], P],
     check: Callable[[P], object],
 ) -> P:
-    """Compare-and-set a policy document: read, change, check, write; again if it
-    changed meanwhile."""
+    """Compare-and-set a document (a policy, the replacements record): read, change,
+    check, write (created on first use); again if it changed meanwhile."""
     for _ in range(CAS_ATTEMPTS):
         current, version = read()
         new = change(current)

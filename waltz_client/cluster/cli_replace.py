@@ -87,24 +87,10 @@ def _step_doc(step: ReplacementStep) -> dict[str, object]:
 
 
 def replacements_doc(record: StorageReplacements) -> dict[str, object]:
-    """The record as ``waltz cluster show --json`` prints it."""
-    return {
-        "replacing": {
-            s: {"since_ms": r.since_ms, "reason": r.reason, "automatic": r.automatic}
-            for s, r in sorted(record.replacing.items())
-        },
-        "events": [
-            {
-                "time_ms": e.time_ms,
-                "storage": e.storage,
-                "action": e.action,
-                "partitions": list(e.partitions),
-                "to": e.to,
-                "detail": e.detail,
-            }
-            for e in record.events
-        ],
-    }
+    """The record as ``waltz cluster show --json`` prints it: its znode's document,
+    without the codec's kind and version."""
+    doc: dict[str, object] = json.loads(record.encode())
+    return {k: v for k, v in doc.items() if k not in ("kind", "version")}
 
 
 def replacement_lines(record: StorageReplacements, last: int = 10) -> list[str]:

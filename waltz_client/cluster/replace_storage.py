@@ -15,9 +15,9 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 
-from .admin import CAS_ATTEMPTS, read_assignment, read_params, update_assignment
+from .admin import read_assignment, read_params, update_assignment, update_document
 from .errors import ClusterError
 from .metadata import (
     ClusterParams,
@@ -171,18 +171,11 @@ def _metadata(
 def _update_record(
     zk: KazooClient, root: str, change: Callable[[StorageReplacements], StorageReplacements]
 ) -> StorageReplacements:
-    path = ClusterPaths.of(root).replacements
-    for _ in range(CAS_ATTEMPTS):
-        current, version = read_replacements(zk, root)
-        new = change(current)
-        if new == current:
-            return current
-        try:
-            if version < 0:
-                zk.create(path, new.encode())
-            else:
-                zk.set(path, new.encode(), version=version)
-            return new
-        except (NodeExistsError, BadVersionError):
-            continue  # written meanwhile: change the newer record
-    raise ClusterError(f"{path} kept changing; try again")
+    return update_document(
+        zk,
+        ClusterPaths.of(root).replacements,
+        "the storage replacements record",
+        lambda: read_replacements(zk, root),
+        change,
+        lambda new: None,  # every record this module makes is one the servers read
+    )

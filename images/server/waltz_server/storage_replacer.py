@@ -39,6 +39,9 @@ from .unreachable import UnreachableSince
 log = logging.getLogger(__name__)
 
 
+PROBE_TIMEOUT_FLOOR = 2.0  # seconds a probe waits for the handshake, at least
+
+
 def probe_interval(after: float) -> float:
     """How often to probe: a quarter of the wait, between 0.5 and 5 s."""
     return min(5.0, max(0.5, after / 4))
@@ -94,7 +97,9 @@ class StorageReplacer:
             self.view.replacing.clear()
             return
         nodes = sorted(assignment.storages)
-        answered = await asyncio.gather(*(self._probe(a, self.interval) for a in nodes))
+        # At least 2 s to answer: a busy node's TLS handshake must not read as a loss.
+        timeout = max(self.interval, PROBE_TIMEOUT_FLOOR)
+        answered = await asyncio.gather(*(self._probe(a, timeout) for a in nodes))
         now = asyncio.get_running_loop().time()
         self.tracker.keep_only(nodes)
         for address, ok in zip(nodes, answered, strict=True):
