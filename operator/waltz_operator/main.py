@@ -162,16 +162,21 @@ class OperatorJsonFormatter(JsonFormatter):
         return line
 
 
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def configure_operator_logging(verbose: bool, fmt: str) -> None:
-    """Text: as it always was (the root's handler, then kopf's). JSON: kopf configured,
-    then one handler writing JSON lines in place of both, so that every line is JSON."""
+    """Text: kopf's handler alone, in the daemons' format. JSON: kopf configured, then
+    one handler writing JSON lines in its place, so that every line is JSON."""
     level = logging.DEBUG if verbose else logging.INFO
     if fmt == JSON:
         kopf.configure(verbose=verbose)
         configure_logging(level, JSON, OperatorJsonFormatter())
         return
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kopf.configure(verbose=verbose)
+    # One handler, kopf's, in the daemons' text format, with the resource's namespace/name
+    # in front of a line about one. (basicConfig's handler beside kopf's printed every
+    # line twice.)
+    kopf.configure(verbose=verbose, log_format=TEXT_FORMAT, log_prefix=True)
 
 
 def system_names(args: argparse.Namespace, scope: list[str] | None) -> SystemNames | None:

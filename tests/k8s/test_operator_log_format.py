@@ -84,12 +84,15 @@ def test_json_leaves_one_handler_and_every_line_is_json(root_logger):
     assert {"time", "level", "logger", "message"} <= set(second)
 
 
-def test_text_stays_as_it_was(root_logger):
+def test_text_is_one_handler_in_the_daemons_format(root_logger, capsys):
+    """Each line once (basicConfig's handler beside kopf's printed every line twice), in
+    the daemons' format, with a resource's namespace/name in front of a line about it."""
     root_logger.handlers[:] = []
     configure_operator_logging(verbose=True, fmt="text")
+    assert len(root_logger.handlers) == 1
     assert not any(isinstance(h.formatter, JsonFormatter) for h in root_logger.handlers)
-    assert root_logger.handlers[0].formatter is not None
-    assert root_logger.handlers[0].formatter._fmt == (
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     assert root_logger.level == logging.DEBUG
+    logging.getLogger("waltz_operator.reconcile").info("reconciled")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "reconciled" in line]
+    assert len(lines) == 1
+    assert lines[0].endswith(" INFO waltz_operator.reconcile: reconciled")
