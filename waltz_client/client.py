@@ -120,7 +120,11 @@ class WaltzClient:
         self.config = config
         self.callbacks = callbacks
         self.view = ClusterView(
-            config.zookeeper, config.zk_root, config.zk_session_timeout, tls=config.zk_tls
+            config.zookeeper,
+            config.zk_root,
+            config.zk_session_timeout,
+            tls=config.zk_tls,
+            connect_timeout=config.zk_connect_timeout,
         )
         self.view.on_grown = self._partitions_grown
         self._links: dict[str, ServerLink] = {}

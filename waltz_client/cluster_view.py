@@ -36,8 +36,10 @@ class ClusterView:
         root: str,
         session_timeout: float = 10.0,
         tls: TlsFiles | None = None,
+        connect_timeout: float = 10.0,
     ) -> None:
         self.connect_string = connect_string
+        self.connect_timeout = connect_timeout  # start() waits this long for ZooKeeper
         self.tls = tls  # reach ZooKeeper's TLS port
         self.paths = ClusterPaths.of(root)
         self.session_timeout = session_timeout
@@ -62,7 +64,7 @@ class ClusterView:
             None,
             lambda: connect(
                 self.connect_string,
-                timeout=10.0,
+                timeout=self.connect_timeout,
                 session_timeout=self.session_timeout,
                 tls=self.tls,
             ),

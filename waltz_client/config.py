@@ -29,6 +29,7 @@ class WaltzClientConfig:
     mount_timeout: float = 60.0
     retry_backoff: float = 0.05  # first pause between retries; doubles up to 2 s
     zk_session_timeout: float = 10.0
+    zk_connect_timeout: float = 10.0  # start(): how long to wait for ZooKeeper
     feed: bool = True  # mount partitions and apply the feed (False: write and read only)
     tls: TlsFiles | None = None  # reach servers over TLS (a client certificate for mutual TLS)
     zk_tls: TlsFiles | None = None  # reach ZooKeeper's TLS port
@@ -80,6 +81,7 @@ class WaltzClientConfig:
             "mount_timeout",
             "retry_backoff",
             "zk_session_timeout",
+            "zk_connect_timeout",
             "transaction_timeout",
         ):
             value = getattr(self, name)

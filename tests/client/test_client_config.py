@@ -38,6 +38,7 @@ def test_defaults() -> None:
     assert c.mount_timeout == 60.0
     assert c.retry_backoff == 0.05
     assert c.zk_session_timeout == 10.0
+    assert c.zk_connect_timeout == 10.0
     assert c.feed is True
     assert c.extra == {}
 
@@ -152,7 +153,14 @@ def test_bad_counts(name: str, value) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["request_timeout", "mount_timeout", "retry_backoff", "zk_session_timeout"]
+    "name",
+    [
+        "request_timeout",
+        "mount_timeout",
+        "retry_backoff",
+        "zk_session_timeout",
+        "zk_connect_timeout",
+    ],
 )
 @pytest.mark.parametrize("value", [0, 0.0, -0.0, -1, -1e-9, True, False, "30", None])
 def test_bad_timeouts(name: str, value) -> None:
@@ -177,7 +185,14 @@ def test_bytes_zk_root() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["request_timeout", "mount_timeout", "retry_backoff", "zk_session_timeout"]
+    "name",
+    [
+        "request_timeout",
+        "mount_timeout",
+        "retry_backoff",
+        "zk_session_timeout",
+        "zk_connect_timeout",
+    ],
 )
 def test_nan_timeouts(name: str) -> None:
     bad(name, **{name: math.nan})
@@ -217,3 +232,27 @@ def test_client_construction_does_not_connect() -> None:
     assert isinstance(client2.callbacks, NoCallbacks)
     for c in (client, client2):
         c._executor.shutdown(wait=False)
+
+
+def test_a_client_waits_zk_connect_timeout_for_a_dead_zookeeper() -> None:
+    """start() gives up after zk_connect_timeout (it was a fixed 10 s), naming the wait."""
+    import asyncio
+    import socket
+    import time
+
+    from waltz_client import WaltzClient
+    from waltz_client.cluster.errors import ClusterError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    config = WaltzClientConfig(address, feed=False, zk_connect_timeout=1.5)
+
+    async def start() -> None:
+        async with WaltzClient(config):
+            pass
+
+    began = time.monotonic()
+    with pytest.raises(ClusterError, match=f"ZooKeeper at {address} did not answer within 1.5 s"):
+        asyncio.run(start())
+    assert time.monotonic() - began < 8  # the old fixed wait alone was 10 s

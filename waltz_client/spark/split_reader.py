@@ -29,6 +29,8 @@ def client_config(options: ReadOptions | WriteOptions) -> WaltzClientConfig:
         zookeeper=options.zookeeper,
         zk_root=options.zk_root,
         request_timeout=options.request_timeout,
+        # Executors wait for ZooKeeper as the driver does: requestTimeout.
+        zk_connect_timeout=options.request_timeout,
         feed=False,
         tls=options.tls,
         zk_tls=options.zk_tls,
