@@ -14,6 +14,7 @@ import logging
 import socket
 import uuid
 from collections.abc import Callable
+from typing import TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -35,6 +36,8 @@ from waltz_client.cluster.zk import close, connect
 from waltz_client.runtime.tls import TlsFiles
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # How long a new session's first request may wait for ZooKeeper to confirm it.
 SESSION_CHECK_TIMEOUT = 10.0
@@ -135,39 +138,34 @@ class ClusterFollower:
     def watch_params(self, on_change: Callable[[ClusterParams], None]) -> None:
         """Call ``on_change`` on the event loop with every version of the cluster's
         parameters (its partition count grows: ``waltz cluster add-partitions``)."""
-        assert self._zk is not None
-        loop = asyncio.get_running_loop()
-        path = self.paths.cluster
-
-        def watcher(data: bytes | None, _stat: object) -> None:  # kazoo's thread
-            if data is None:
-                log.error("%s was deleted; keeping the current partition count", path)
-                return
-            try:
-                params = ClusterParams.decode(data)
-            except MetadataError as e:
-                log.error("%s: %s; keeping the current partition count", path, e)
-                return
-            loop.call_soon_threadsafe(on_change, params)
-
-        self._zk.DataWatch(path, watcher)
+        self._watch(self.paths.cluster, ClusterParams.decode, on_change, "partition count")
 
     def watch_assignment(self, on_change: Callable[[ReplicaAssignment], None]) -> None:
         """Call ``on_change`` on the event loop with every version of the replica assignment."""
+        self._watch(self.paths.assignment, ReplicaAssignment.decode, on_change, "partitions")
+
+    def _watch(
+        self,
+        path: str,
+        decode: Callable[[bytes], T],
+        on_change: Callable[[T], None],
+        kept: str,
+    ) -> None:
+        """Each version of ``path``, decoded, to ``on_change`` on the event loop; a deleted
+        or unreadable version is logged and the current ``kept`` stays."""
         assert self._zk is not None
         loop = asyncio.get_running_loop()
-        path = self.paths.assignment
 
         def watcher(data: bytes | None, _stat: object) -> None:  # kazoo's thread
             if data is None:
-                log.error("%s was deleted; keeping the current partitions", path)
+                log.error("%s was deleted; keeping the current %s", path, kept)
                 return
             try:
-                assignment = ReplicaAssignment.decode(data)
+                value = decode(data)
             except MetadataError as e:
-                log.error("%s: %s; keeping the current partitions", path, e)
+                log.error("%s: %s; keeping the current %s", path, e, kept)
                 return
-            loop.call_soon_threadsafe(on_change, assignment)
+            loop.call_soon_threadsafe(on_change, value)
 
         try:
             self._zk.DataWatch(path, watcher)
