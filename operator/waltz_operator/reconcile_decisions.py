@@ -35,6 +35,13 @@ from .rollout import (
 )
 from .spec import ClusterSpec
 from .status import Observed, compute_status
+from .upgrade_order import (
+    STORAGE_CONTAINER,
+    ServerDeployment,
+    StoragePod,
+    container_image,
+    servers_to_apply,
+)
 from .volumes import Recreate, RefuseVolumeChange, needs_restart_to_resize, plan_volume_change
 from .volumes import resizing as claims_resizing
 from .zones import group_changes, zone_groups
@@ -415,6 +422,68 @@ def claims_cannot_grow(change: Recreate, error: object) -> str:
     )
 
 
+# --- the server Deployment: after the storage nodes, on an upgrade ------------------------
+
+
+def storage_pods_running(
+    spec: ClusterSpec, pods: Sequence[Mapping[str, Any]], count: int
+) -> list[StoragePod]:
+    """The storage pods ``0..count-1`` as they run, for ``upgrade_order``: a pod missing
+    or being deleted runs nothing yet."""
+    by_ordinal = {ordinal(p): p for p in pods}
+    running = []
+    for number in range(count):
+        pod = by_ordinal.get(number)
+        if pod is None or pod["metadata"].get("deletionTimestamp"):
+            running.append(StoragePod(spec.storage_pod(number), None, None, ready=False))
+            continue
+        running.append(
+            StoragePod(
+                spec.storage_pod(number),
+                container_image(pod, STORAGE_CONTAINER),
+                (pod["metadata"].get("labels") or {}).get(REVISION_LABEL),
+                ready=pod_ready(pod),
+            )
+        )
+    return running
+
+
+def servers_planned(
+    state: Reconciliation,
+    desired: Mapping[str, Any],
+    live: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+) -> ServerDeployment:
+    """The server Deployment to apply (``upgrade_order.servers_to_apply``): the storage
+    pods are those of the StatefulSet as it was found (without one, the storage nodes
+    there are), on its update revision, running the spec's storage image."""
+    statefulset = state.statefulset
+    count = int(statefulset["spec"]["replicas"]) if statefulset else state.current_storage
+    return servers_to_apply(
+        desired,
+        live,
+        state.spec.image.of("storage"),
+        update_revision(statefulset),
+        storage_pods_running(state.spec, pods, count),
+    )
+
+
+def servers_applied(state: Reconciliation, plan: ServerDeployment, first: bool) -> Reconciliation:
+    """After applying it: the hold for the report; an Event when the servers are released,
+    the first time this process applies that Deployment (``first``; an operator that
+    restarted after applying it finds the new image live, and no upgrade to end)."""
+    state = replace(state, servers_held=plan.held)
+    if plan.released is None or not first:
+        return state
+    return state.told(
+        Event(
+            "Normal",
+            "UpgradingServers",
+            f"storage nodes upgraded; rolling the servers to {plan.released}",
+        )
+    )
+
+
 # --- scaling up ----------------------------------------------------------------------------
 
 
@@ -717,8 +786,11 @@ def refusal_events(
 
 
 def reported(state: Reconciliation) -> Reconciliation:
-    """The status from what was observed and done, and a Warning for a new refusal."""
+    """The status from what was observed and done, and a Warning for a new refusal. The
+    servers held for an upgrade are progress too (they wait for the storage roll)."""
     view = state.view
+    # The servers held for an upgrade, then what the step under way waits for.
+    progress = "; ".join(p for p in (state.servers_held, state.progress) if p) or None
     observed = Observed(
         zookeeper_error=state.zookeeper_error,
         cluster_key=state.cluster_key,
@@ -726,12 +798,12 @@ def reported(state: Reconciliation) -> Reconciliation:
         storage_ready=state.storage_ready,
         servers_ready=state.servers_ready,
         partitions=tuple(view.status_partitions()) if view is not None else (),
-        progress=state.progress,
+        progress=progress,
         degraded=state.degraded,
         attention=state.attention,
     )
     status = compute_status(state.spec, state.generation, observed, state.previous, state.now)
-    return replace(state, status=status).told(
+    return replace(state, status=status, progress=progress).told(
         *refusal_events(state.previous, status, state.degraded)
     )
 

@@ -71,6 +71,8 @@ from .reconcile_decisions import (
     scale_down_planned,
     scaled_down,
     scales_up,
+    servers_applied,
+    servers_planned,
     statefulset_held,
     statefulset_planned,
     storage_joined,
@@ -97,6 +99,7 @@ from .security import (
 )
 from .spec import OPERATOR, ClusterSpec
 from .teardown import own_claims, own_pods
+from .upgrade_order import image_changing
 from .zk_secrets import SecretProblem
 from .zones import node_zone
 
@@ -284,9 +287,40 @@ class ReconcileSteps:
         for obj in desired_objects(spec):
             if obj["kind"] == "StatefulSet" and state.statefulset is not None:
                 state = await self._apply_storage_statefulset(state, spec, obj)
+            elif obj["kind"] == "Deployment":
+                state = await self._apply_server_deployment(state, spec, obj)
             else:
                 await self._apply_one(obj, state.live)
         return state
+
+    async def _apply_server_deployment(
+        self, state: Reconciliation, spec: ClusterSpec, desired: Mapping[str, Any]
+    ) -> Reconciliation:
+        """Through ``servers_planned``: on an image change the servers keep the image they
+        run until every storage pod runs the new one (upgrade_order.py). The storage pods
+        are read only then."""
+        live = await self._live_deployment(state, desired)
+        pods = (
+            await self.kube.list("Pod", spec.namespace, selector(spec, "storage"))
+            if image_changing(desired, live)
+            else []
+        )
+        plan = servers_planned(state, desired, live, pods)
+        first = self.applied.get(key_of(plan.obj)) != digest(plan.obj)
+        await self._apply_one(plan.obj, state.live)
+        return servers_applied(state, plan, first)
+
+    async def _live_deployment(
+        self, state: Reconciliation, desired: Mapping[str, Any]
+    ) -> Mapping[str, Any] | None:
+        """The server Deployment as it is: the watched one while it runs the wanted image
+        (nothing to decide); else read now, as the watch may not show our last apply yet
+        (an older image there would hold the servers back to it)."""
+        kind, namespace, name = key_of(desired)
+        watched = state.live.get((kind, namespace, name)) if state.live is not None else None
+        if watched is not None and not image_changing(desired, watched):
+            return watched
+        return await self.kube.get(kind, namespace, name)
 
     async def _apply_storage_statefulset(
         self, state: Reconciliation, spec: ClusterSpec, desired: Mapping[str, Any]

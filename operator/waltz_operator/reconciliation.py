@@ -66,6 +66,10 @@ class Reconciliation:
     scale_down: ScaleDownStep | None = None  # None: not scaling down
     storage_size: int | None = None  # the StatefulSet's size to apply (None: the spec's)
     progress: str | None = None  # a step under way, and what it waits for
+    # The servers keep the image they run until the storage nodes run the new one, and
+    # why (upgrade_order.py). Apart from ``progress``: the storage roll it waits for must
+    # go on; the report puts both in Progressing.
+    servers_held: str | None = None
     degraded: tuple[str, ...] = ()  # refusals, with reasons
     # What needs a person but holds no step up (a lost volume the operator does not
     # replace): Degraded says it after the refusals.
