@@ -138,8 +138,9 @@ def test_a_record_round_trips_in_either_format():
     rec = Record(5, ReqId(1, 2, 3, 4), 9, b"data", 1_795_000_000_123)
     assert len(rec.encode(FORMAT_2)) == 40 + 4 + 4
     assert Record.read(Reader(rec.encode(FORMAT_2)), fmt=FORMAT_2) == rec
-    old = Record.read(Reader(rec.encode(FORMAT_1)))  # format 1 has no commit time
-    assert old.timestamp == NO_TIMESTAMP and old.data == b"data"
+    assert len(rec.encode(FORMAT_1)) == 32 + 4 + 4
+    old = Record.read(Reader(rec.encode(FORMAT_1)), fmt=FORMAT_1)  # format 1 has no commit time
+    assert old == Record(5, ReqId(1, 2, 3, 4), 9, b"data", NO_TIMESTAMP)
     with pytest.raises(ValueError, match="a record head is 32 or 40 bytes, not 36"):
         native.scan_wire(rec.encode(FORMAT_2), 1, 100, 36)
 
@@ -431,18 +432,25 @@ def test_an_append_out_of_order_names_the_record(monkeypatch, tmp_path, compiled
     log = PartitionLog.open(str(tmp_path), 0, uuid.uuid4())
     log.append(make_batch(0, [5, 6]))
     first, second = make_batch(2, [1]), make_batch(4, [1])  # 3 is missing
-    gapped = RecordBatch(first.buf + second.buf, [*first.spans, (4, len(first.buf), 1)])
+    gapped = RecordBatch(
+        first.buf + second.buf, [*first.spans, (4, len(first.buf), 1)], first.format
+    )
     with pytest.raises(NonContiguousAppend, match=r"expected transaction 3, got 4 \(record 1"):
         log.append(gapped)
     log.close()
 
 
-def test_an_append_of_spans_in_a_tuple_takes_the_python_path(tmp_path):
+@pytest.mark.parametrize("fmt", [FORMAT_1, FORMAT_2], ids=["format1", "format2"])
+def test_an_append_of_spans_in_a_tuple_takes_the_python_path(tmp_path, fmt):
     """Batches built elsewhere may carry their spans in any sequence: the compiled
-    loops take lists only, and anything else goes the Python way, with the same result."""
+    loops take lists only, and anything else goes the Python way, with the same result.
+    (A batch of format 1, an older server's, is stored in format 2, without commit times.)"""
     log = PartitionLog.open(str(tmp_path), 0, uuid.uuid4())
-    listed = make_batch(0, [5, 6])
-    log.append(RecordBatch(listed.buf, tuple(listed.spans)))  # type: ignore[arg-type]
+    listed = make_batch(0, [5, 6], fmt=fmt)
+    log.append(RecordBatch(listed.buf, tuple(listed.spans), listed.format))  # type: ignore[arg-type]
     log.sync()
-    assert log.read(0, 10, 1 << 20).buf == listed.buf
+    stored = log.read(0, 10, 1 << 20)
+    assert stored.format is FORMAT_2
+    assert stored.buf == listed.convert(FORMAT_2).buf
+    assert list(stored.records()) == list(listed.records())  # times too, where known
     log.close()

@@ -80,6 +80,7 @@ class PeerConnection(asyncio.Protocol, abc.ABC):
         self._ready = False  # past the hello and what the daemon asks first
         self._closed = False
         self._hello = bytearray()
+        self.version = 0  # the protocol version the hello settled on (0 before)
         self._decoder: FrameDecoder | None = None  # after the hello
         # Frames received but not yet taken: one socket read can hold hundreds of
         # requests, and they wait here (the socket unread) while something says stop.
@@ -244,6 +245,7 @@ class PeerConnection(asyncio.Protocol, abc.ABC):
                 f"{hello.min_version}..{hello.max_version})"
             )
             return
+        self.version = reply.version
         self._decoder = FrameDecoder(self._unready_max_frame_bytes)
         rest = bytes(self._hello[HANDSHAKE_BYTES:])
         self._hello = bytearray()

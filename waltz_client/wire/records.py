@@ -30,6 +30,7 @@ from .native import native
 
 REQ_ID = struct.Struct(">iiii")
 RECORD_HEADER = struct.Struct(">qiiiii")  # txid, reqid(4), header
+TIMED_HEADER = struct.Struct(">qiiiiiq")  # RECORD_HEADER + commit time (format 2)
 WIRE_RECORD_HEAD = struct.Struct(">qiiiiii")  # RECORD_HEADER + data length
 CRC = struct.Struct(">I")
 _TXID_AND_LENGTH = struct.Struct(">q20xi")  # WIRE_RECORD_HEAD's first and last fields
@@ -54,6 +55,9 @@ class RecordFormat:
 FORMAT_1 = RecordFormat(1, WIRE_RECORD_HEAD)
 FORMAT_2 = RecordFormat(2, struct.Struct(">qiiiiiiq"))  # format 1's head + commit time
 RECORD_FORMATS = {f.version: f for f in (FORMAT_1, FORMAT_2)}
+DEFAULT_FORMAT = FORMAT_2  # what this build writes; format 1 only to and from older peers
+_SHARED_HEAD = FORMAT_1.head_size  # every format's head starts with format 1's
+_NO_TIME = _TIMESTAMP.pack(NO_TIMESTAMP)
 
 DEFAULT_MAX_DATA_BYTES = 16 * 1024 * 1024
 
@@ -91,26 +95,35 @@ class ReqId:
 
 @dataclass(frozen=True, slots=True)
 class RecordHeader:
+    """A record without its data. On the wire: ``RECORD_HEADER`` in format 1,
+    ``TIMED_HEADER`` (the commit time after the header) in format 2."""
+
     transaction_id: int
     req_id: ReqId
     header: int
+    timestamp: int = NO_TIMESTAMP  # commit time, ms since the Unix epoch (format 2)
 
-    def encode(self) -> bytes:
+    def encode(self, fmt: RecordFormat | None = None) -> bytes:
         q = self.req_id
-        return RECORD_HEADER.pack(
-            self.transaction_id, q.client_id, q.generation, q.partition_id, q.seq, self.header
-        )
+        fields = (self.transaction_id, q.client_id, q.generation, q.partition_id, q.seq)
+        if (fmt or DEFAULT_FORMAT).version >= 2:
+            return TIMED_HEADER.pack(*fields, self.header, self.timestamp)
+        return RECORD_HEADER.pack(*fields, self.header)
 
     @classmethod
-    def read(cls, r: Reader) -> RecordHeader:
-        fields = r.peek(RECORD_HEADER)  # a feed carries one a transaction: one unpack
+    def read(cls, r: Reader, fmt: RecordFormat | None = None) -> RecordHeader:
+        layout = TIMED_HEADER if (fmt or DEFAULT_FORMAT).version >= 2 else RECORD_HEADER
+        fields = r.peek(layout)  # a feed carries one a transaction: one unpack
         if fields is not None:
-            r.skip(RECORD_HEADER.size)
-            txid, client_id, generation, partition_id, seq, header = fields
-            return cls(txid, ReqId(client_id, generation, partition_id, seq), header)
-        return cls(
-            r.i64("RecordHeader.transaction_id"), ReqId.read(r), r.i32("RecordHeader.header")
-        )
+            r.skip(layout.size)
+            txid, client_id, generation, partition_id, seq, header, *timed = fields
+            return cls(txid, ReqId(client_id, generation, partition_id, seq), header, *timed)
+        txid = r.i64("RecordHeader.transaction_id")
+        req_id = ReqId.read(r)
+        header = r.i32("RecordHeader.header")
+        if layout is TIMED_HEADER:
+            return cls(txid, req_id, header, r.i64("RecordHeader.timestamp"))
+        return cls(txid, req_id, header)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +138,7 @@ class Record:
     def checksum(self) -> int:
         return crc32(self.data)
 
-    def encode(self, fmt: RecordFormat = FORMAT_1) -> bytes:
+    def encode(self, fmt: RecordFormat = DEFAULT_FORMAT) -> bytes:
         q = self.req_id
         fields = (
             self.transaction_id,
@@ -142,7 +155,10 @@ class Record:
 
     @classmethod
     def read(
-        cls, r: Reader, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES, fmt: RecordFormat = FORMAT_1
+        cls,
+        r: Reader,
+        max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+        fmt: RecordFormat = DEFAULT_FORMAT,
     ) -> Record:
         txid = r.i64("Record.transaction_id")
         req_id = ReqId.read(r)
@@ -171,7 +187,7 @@ class RecordBatch:
     __slots__ = ("buf", "format", "spans")
 
     def __init__(
-        self, buf: bytes, spans: list[tuple[int, int, int]], fmt: RecordFormat = FORMAT_1
+        self, buf: bytes, spans: list[tuple[int, int, int]], fmt: RecordFormat = DEFAULT_FORMAT
     ) -> None:
         self.buf = buf
         self.spans = spans
@@ -205,7 +221,7 @@ class RecordBatch:
         return sum(length for _, _, length in self.spans)
 
     @classmethod
-    def from_records(cls, records: list[Record], fmt: RecordFormat = FORMAT_1) -> RecordBatch:
+    def from_records(cls, records: list[Record], fmt: RecordFormat = DEFAULT_FORMAT) -> RecordBatch:
         buf = b"".join(rec.encode(fmt) for rec in records)
         spans = []
         pos = 0
@@ -220,7 +236,7 @@ class RecordBatch:
         r: Reader,
         count: int,
         max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
-        fmt: RecordFormat = FORMAT_1,
+        fmt: RecordFormat = DEFAULT_FORMAT,
     ) -> RecordBatch:
         """Validate ``count`` records at the reader's cursor and keep their bytes."""
         buf = bytes(r.rest())
@@ -285,7 +301,31 @@ class RecordBatch:
 
     def headers(self) -> Iterator[RecordHeader]:
         for rec in self.records():
-            yield RecordHeader(rec.transaction_id, rec.req_id, rec.header)
+            yield RecordHeader(rec.transaction_id, rec.req_id, rec.header, rec.timestamp)
+
+    def convert(self, fmt: RecordFormat) -> RecordBatch:
+        """The same records in record format ``fmt``, for and from older peers (format 1
+        has no commit time: converting to it drops the times, from it gives each record
+        ``NO_TIMESTAMP``). Bytes moved, nothing recomputed: a record's CRC covers its data
+        only, and every format's head starts with format 1's."""
+        old = self.format
+        if old.version == fmt.version:
+            return self
+        mv = memoryview(self.buf)
+        data_at, new_head = old.head_size, fmt.head_size
+        timed = fmt.version >= 2
+        parts: list[bytes | memoryview] = []
+        add = parts.append
+        spans: list[tuple[int, int, int]] = []
+        pos = 0
+        for txid, at, length in self.spans:
+            add(mv[at : at + _SHARED_HEAD])
+            if timed:
+                add(_NO_TIME)
+            add(mv[at + data_at : at + data_at + length + CRC.size])  # the data and its CRC
+            spans.append((txid, pos, length))
+            pos += new_head + length + CRC.size
+        return RecordBatch(b"".join(parts), spans, fmt)
 
 
 class UncheckedRecords:
@@ -293,11 +333,14 @@ class UncheckedRecords:
     storage node to a range-read client, which checks every record (bounds, IDs, CRCs)
     itself when it decodes them. ``check`` decodes them here instead."""
 
-    __slots__ = ("buf", "count")
+    __slots__ = ("buf", "count", "format")
 
-    def __init__(self, buf: bytes | memoryview, count: int) -> None:
+    def __init__(
+        self, buf: bytes | memoryview, count: int, fmt: RecordFormat = DEFAULT_FORMAT
+    ) -> None:
         self.buf = buf
         self.count = count
+        self.format = fmt
 
     def __len__(self) -> int:
         return self.count
@@ -319,7 +362,5 @@ class UncheckedRecords:
         first = self.first_txid
         return None if first is None else first + self.count - 1
 
-    def check(
-        self, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES, fmt: RecordFormat = FORMAT_1
-    ) -> RecordBatch:
-        return RecordBatch.read(Reader(self.buf), self.count, max_data_bytes, fmt)
+    def check(self, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> RecordBatch:
+        return RecordBatch.read(Reader(self.buf), self.count, max_data_bytes, self.format)

@@ -14,6 +14,7 @@ import logging
 import struct
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import cast
 
 from .corked import CorkedWriter
@@ -28,13 +29,16 @@ from .framing import (
     OpenConnection,
     Service,
 )
-from .records import Record, RecordBatch, RecordHeader, UncheckedRecords
+from .records import DEFAULT_FORMAT, Record, RecordBatch, RecordHeader, UncheckedRecords
 from .storage_messages import (
+    COMMIT_TIME_VERSION,
     DEFAULT_LIMITS,
     RETENTION_VERSION,
     STORAGE_PROTOCOL_VERSIONS,
     AppendRequest,
     FailureResponse,
+    FindTimeRequest,
+    FindTimeResponse,
     LastSessionInfoRequest,
     LastSessionInfoResponse,
     Limits,
@@ -59,6 +63,8 @@ from .storage_messages import (
     TruncateRequest,
     decode_response,
     decode_unchecked_record_list,
+    in_record_format,
+    record_format,
 )
 
 log = logging.getLogger(__name__)
@@ -99,7 +105,10 @@ class StorageClient:
         # shared by a server's partitions, storage_pool.py).
         self._cork = CorkedWriter(writer.transport) if corked else None
         self.version = version
-        self._limits = limits
+        # A node of an older version sends and takes records in format 1: they are
+        # converted here, so every caller sees format 2 (``in_record_format``).
+        self._older = version < COMMIT_TIME_VERSION
+        self._limits = replace(limits, record_format=record_format(version))
         # Who waits for each request's response: a future (``submit``) or a call
         # (``send_parts``).
         self._pending: dict[int, asyncio.Future[StorageMessage] | OnAnswer] = {}
@@ -127,18 +136,16 @@ class StorageClient:
         limits: Limits = DEFAULT_LIMITS,
         open_connection: OpenConnection = asyncio.open_connection,
         corked: bool = False,
+        versions: range = STORAGE_PROTOCOL_VERSIONS,
     ) -> StorageClient:
         """``open_connection``: how to reach ``host:port`` (a simulated network in tests);
-        ``corked``: requests written in one turn of the loop leave in one system call."""
+        ``corked``: requests written in one turn of the loop leave in one system call;
+        ``versions``: the protocol versions offered (fewer: to act as an older server)."""
 
         async def dial() -> StorageClient:
             reader, writer = await open_connection(host, port)
             try:
-                hello = Hello(
-                    Service.STORAGE,
-                    STORAGE_PROTOCOL_VERSIONS.start,
-                    STORAGE_PROTOCOL_VERSIONS.stop - 1,
-                )
+                hello = Hello(Service.STORAGE, versions.start, versions.stop - 1)
                 writer.write(hello.encode())
                 reply = HelloReply.decode(await reader.readexactly(HANDSHAKE_BYTES))
             except BaseException:
@@ -149,7 +156,7 @@ class StorageClient:
                 raise HandshakeError(
                     f"storage {host}:{port} refused the handshake: {reply.status.name}"
                 )
-            if reply.version not in STORAGE_PROTOCOL_VERSIONS:
+            if reply.version not in versions:
                 writer.close()
                 raise HandshakeError(
                     f"storage {host}:{port} chose protocol version "
@@ -178,6 +185,8 @@ class StorageClient:
             self._unchecked.discard(message.seq)
         else:
             message = decode_response(message_type, body, self._limits)
+            if self._older:
+                message = in_record_format(message, DEFAULT_FORMAT)
         waiter = self._pending.pop(message.seq, None)
         if waiter is None:
             raise ProtocolError(f"response for unknown sequence number {message.seq}")
@@ -206,6 +215,8 @@ class StorageClient:
 
     def submit(self, request: StorageMessage) -> asyncio.Future[StorageMessage]:
         """Send ``request`` now; the future resolves with its response (Failure included)."""
+        if self._older:
+            request = in_record_format(request, self._limits.record_format)
         return self.submit_frame(request.seq, request.encode())
 
     def submit_frame(self, seq: int, frame: bytes) -> asyncio.Future[StorageMessage]:
@@ -301,6 +312,12 @@ class StorageClient:
         await self.call(SetLowWaterMarkRequest(session_id, self.next_seq(), partition_id, mark))
 
     @property
+    def speaks_commit_time(self) -> bool:
+        """Whether the node stores commit times (protocol version 3: records of format 2);
+        a node of an older version takes and returns records without them."""
+        return not self._older
+
+    @property
     def speaks_retention(self) -> bool:
         """Whether the node knows Log Info and Set Log Start (protocol version 2)."""
         return self.version >= RETENTION_VERSION
@@ -309,6 +326,18 @@ class StorageClient:
         r = await self.call(LogInfoRequest(session_id, self.next_seq(), partition_id))
         assert isinstance(r, LogInfoResponse)
         return r
+
+    async def find_time(self, session_id: int, partition_id: int, time_ms: int) -> int:
+        """The first transaction the node stores committed at or after ``time_ms`` (its
+        last + 1 if none): protocol version 3."""
+        if self._older:
+            raise StorageFailure(
+                StorageError.MALFORMED_REQUEST,
+                f"this storage node speaks protocol {self.version}, which has no Find Time",
+            )
+        r = await self.call(FindTimeRequest(session_id, self.next_seq(), partition_id, time_ms))
+        assert isinstance(r, FindTimeResponse)
+        return r.transaction_id
 
     async def set_log_start(self, session_id: int, partition_id: int, log_start: int) -> None:
         await self.call(SetLogStartRequest(session_id, self.next_seq(), partition_id, log_start))

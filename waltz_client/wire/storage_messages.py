@@ -12,18 +12,36 @@ from __future__ import annotations
 
 import struct
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import ClassVar, Self
 
 from .buffers import Reader, pack_string
 from .errors import MalformedMessage, UnknownMessageType
 from .framing import encode_frame, frame_parts
-from .records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, RecordHeader, UncheckedRecords
+from .records import (
+    DEFAULT_FORMAT,
+    DEFAULT_MAX_DATA_BYTES,
+    FORMAT_1,
+    NO_TIMESTAMP,
+    Record,
+    RecordBatch,
+    RecordFormat,
+    RecordHeader,
+    UncheckedRecords,
+)
 
-# Versions this build speaks. 2 adds retention: Log Info and Set Log Start.
-STORAGE_PROTOCOL_VERSIONS = range(1, 3)
+# Versions this build speaks. 2 adds retention: Log Info and Set Log Start. 3 carries
+# records in format 2 (with their commit time) in every message that holds one.
+STORAGE_PROTOCOL_VERSIONS = range(1, 4)
 RETENTION_VERSION = 2
+COMMIT_TIME_VERSION = 3
+
+
+def record_format(version: int) -> RecordFormat:
+    """The record format messages of a negotiated protocol version carry."""
+    return DEFAULT_FORMAT if version >= COMMIT_TIME_VERSION else FORMAT_1
+
 
 MESSAGE_HEADER = struct.Struct(">qqi")
 _I32 = struct.Struct(">i")
@@ -59,6 +77,8 @@ class StorageMessageType(IntEnum):
     LOG_INFO_REQUEST = 19  # version 2
     LOG_INFO_RESPONSE = 20  # version 2
     SET_LOG_START_REQUEST = 21  # version 2
+    FIND_TIME_REQUEST = 22  # version 3
+    FIND_TIME_RESPONSE = 23  # version 3
 
 
 class StorageError(IntEnum):
@@ -85,6 +105,7 @@ class Limits:
 
     max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
     max_list_records: int = DEFAULT_MAX_LIST_RECORDS
+    record_format: RecordFormat = DEFAULT_FORMAT  # the connection's (record_format(version))
 
 
 DEFAULT_LIMITS = Limits()
@@ -193,6 +214,22 @@ class SetLogStartRequest(StorageMessage):
 
 
 @dataclass(frozen=True, slots=True)
+class FindTimeRequest(StorageMessage):
+    """The first transaction committed at or after ``timestamp`` (ms since the epoch), as
+    far as this node stores the log (version 3)."""
+
+    TYPE = StorageMessageType.FIND_TIME_REQUEST
+    timestamp: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.timestamp)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
+        return cls(*head, r.i64("FindTime.timestamp"))
+
+
+@dataclass(frozen=True, slots=True)
 class AppendRequest(StorageMessage):
     TYPE = StorageMessageType.APPEND_REQUEST
     records: RecordBatch = field(default_factory=lambda: RecordBatch(b"", []))
@@ -203,7 +240,7 @@ class AppendRequest(StorageMessage):
     @classmethod
     def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         n = r.count("Append.record count", limits.max_list_records)
-        return cls(*head, RecordBatch.read(r, n, limits.max_data_bytes))
+        return cls(*head, RecordBatch.read(r, n, limits.max_data_bytes, limits.record_format))
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,28 +363,32 @@ class MaxTransactionIdResponse(StorageMessage):
 class RecordHeaderResponse(StorageMessage):
     TYPE = StorageMessageType.RECORD_HEADER_RESPONSE
     record_header: RecordHeader | None = None
+    fmt: RecordFormat = DEFAULT_FORMAT  # the connection's record format
 
     def _body(self) -> bytes:
         assert self.record_header is not None
-        return self.record_header.encode()
+        return self.record_header.encode(self.fmt)
 
     @classmethod
     def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
-        return cls(*head, RecordHeader.read(r))
+        fmt = limits.record_format
+        return cls(*head, RecordHeader.read(r, fmt), fmt)
 
 
 @dataclass(frozen=True, slots=True)
 class RecordResponse(StorageMessage):
     TYPE = StorageMessageType.RECORD_RESPONSE
     record: Record | None = None
+    fmt: RecordFormat = DEFAULT_FORMAT  # the connection's record format
 
     def _body(self) -> bytes:
         assert self.record is not None
-        return self.record.encode()
+        return self.record.encode(self.fmt)
 
     @classmethod
     def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
-        return cls(*head, Record.read(r, limits.max_data_bytes))
+        fmt = limits.record_format
+        return cls(*head, Record.read(r, limits.max_data_bytes, fmt), fmt)
 
 
 MAX_SEGMENTS_LISTED = 1_000_000
@@ -359,6 +400,8 @@ class SegmentStats:
     records: int
     size_bytes: int
     modified_ms: int  # when the segment's data file last changed (ms since the epoch)
+    # The commit time of its last record (version 3; NO_TIMESTAMP: none, or no record).
+    last_commit_ms: int = NO_TIMESTAMP
 
     @property
     def last_txid(self) -> int:
@@ -366,6 +409,7 @@ class SegmentStats:
 
 
 _SEGMENT_STATS = struct.Struct(">qiqq")
+_TIMED_SEGMENT_STATS = struct.Struct(">qiqqq")  # version 3: + the last commit time
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,16 +418,26 @@ class LogInfoResponse(StorageMessage):
     log_start: int = 0
     max_transaction_id: int = -1
     segments: tuple[SegmentStats, ...] = ()
+    fmt: RecordFormat = DEFAULT_FORMAT  # the connection's: format 2 carries commit times
 
     def _body(self) -> bytes:
+        if self.fmt.version >= 2:
+            stats = b"".join(
+                _TIMED_SEGMENT_STATS.pack(
+                    s.first_txid, s.records, s.size_bytes, s.modified_ms, s.last_commit_ms
+                )
+                for s in self.segments
+            )
+        else:
+            stats = b"".join(
+                _SEGMENT_STATS.pack(s.first_txid, s.records, s.size_bytes, s.modified_ms)
+                for s in self.segments
+            )
         return (
             _I64.pack(self.log_start)
             + _I64.pack(self.max_transaction_id)
             + _I32.pack(len(self.segments))
-            + b"".join(
-                _SEGMENT_STATS.pack(s.first_txid, s.records, s.size_bytes, s.modified_ms)
-                for s in self.segments
-            )
+            + stats
         )
 
     @classmethod
@@ -391,30 +445,54 @@ class LogInfoResponse(StorageMessage):
         log_start = r.i64("LogInfo.log_start")
         max_txid = r.i64("LogInfo.max_transaction_id")
         n = r.count("LogInfo.segments", MAX_SEGMENTS_LISTED)
+        fmt = limits.record_format
+        timed = fmt.version >= 2
         segments = tuple(
             SegmentStats(
                 r.i64("LogInfo.first_txid"),
                 r.i32("LogInfo.records"),
                 r.i64("LogInfo.size_bytes"),
                 r.i64("LogInfo.modified_ms"),
+                r.i64("LogInfo.last_commit_ms") if timed else NO_TIMESTAMP,
             )
             for _ in range(n)
         )
-        return cls(*head, log_start, max_txid, segments)
+        return cls(*head, log_start, max_txid, segments, fmt)
+
+
+@dataclass(frozen=True, slots=True)
+class FindTimeResponse(StorageMessage):
+    """The answer to a FindTimeRequest: the first transaction this node stores whose commit
+    time is at or after the time asked, or its last transaction + 1 when there is none
+    (a record without a commit time counts as earlier than any). Below the node's log
+    start nothing is looked at: the answer is then its log start."""
+
+    TYPE = StorageMessageType.FIND_TIME_RESPONSE
+    transaction_id: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
+        return cls(*head, r.i64("FindTime.transaction_id"))
 
 
 @dataclass(frozen=True, slots=True)
 class RecordHeaderListResponse(StorageMessage):
     TYPE = StorageMessageType.RECORD_HEADER_LIST_RESPONSE
     headers: tuple[RecordHeader, ...] = ()
+    fmt: RecordFormat = DEFAULT_FORMAT  # the connection's record format
 
     def _body(self) -> bytes:
-        return _I32.pack(len(self.headers)) + b"".join(h.encode() for h in self.headers)
+        fmt = self.fmt
+        return _I32.pack(len(self.headers)) + b"".join(h.encode(fmt) for h in self.headers)
 
     @classmethod
     def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         n = r.count("RecordHeaderList.count", limits.max_list_records)
-        return cls(*head, tuple(RecordHeader.read(r) for _ in range(n)))
+        fmt = limits.record_format
+        return cls(*head, tuple(RecordHeader.read(r, fmt) for _ in range(n)), fmt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,7 +510,7 @@ class RecordListResponse(StorageMessage):
     @classmethod
     def _read_body(cls, r: Reader, head: tuple[int, int, int], limits: Limits) -> Self:
         n = r.count("RecordList.count", limits.max_list_records)
-        return cls(*head, RecordBatch.read(r, n, limits.max_data_bytes))
+        return cls(*head, RecordBatch.read(r, n, limits.max_data_bytes, limits.record_format))
 
 
 def decode_unchecked_record_list(
@@ -446,7 +524,26 @@ def decode_unchecked_record_list(
     n = r.count("RecordList.count", limits.max_list_records)
     # The field is typed RecordBatch for every other reader; only the relay that asked
     # for this response (StorageClient.records_unchecked) sees it hold UncheckedRecords.
-    return RecordListResponse(*head, UncheckedRecords(r.rest(), n))  # type: ignore[arg-type]
+    records = UncheckedRecords(r.rest(), n, limits.record_format)
+    return RecordListResponse(*head, records)  # type: ignore[arg-type]
+
+
+def in_record_format(message: StorageMessage, fmt: RecordFormat) -> StorageMessage:
+    """``message`` with the records it holds in record format ``fmt`` (a peer of an older
+    protocol version: see ``record_format``); any other message as it is."""
+    match message:
+        case AppendRequest(records=batch) | RecordListResponse(records=batch) if (
+            isinstance(batch, RecordBatch) and batch.format.version != fmt.version
+        ):
+            return replace(message, records=batch.convert(fmt))
+        case (
+            RecordHeaderResponse()
+            | RecordResponse()
+            | RecordHeaderListResponse()
+            | LogInfoResponse()
+        ) if message.fmt.version != fmt.version:
+            return replace(message, fmt=fmt)
+    return message
 
 
 STORAGE_REQUESTS: dict[int, type[StorageMessage]] = {
@@ -464,6 +561,7 @@ STORAGE_REQUESTS: dict[int, type[StorageMessage]] = {
         RecordListRequest,
         LogInfoRequest,
         SetLogStartRequest,
+        FindTimeRequest,
     )
 }
 STORAGE_RESPONSES: dict[int, type[StorageMessage]] = {
@@ -478,6 +576,7 @@ STORAGE_RESPONSES: dict[int, type[StorageMessage]] = {
         RecordHeaderListResponse,
         RecordListResponse,
         LogInfoResponse,
+        FindTimeResponse,
     )
 }
 

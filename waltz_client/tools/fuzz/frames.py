@@ -21,6 +21,7 @@ from waltz_client.wire.client_messages import (
     AppendRequest,
     ClientMessageType,
     FeedRequest,
+    FindTimeRequest,
     FlushRequest,
     HighWaterMarkRequest,
     MountRequest,
@@ -44,6 +45,7 @@ from waltz_client.wire.storage_messages import (
     TruncateRequest,
 )
 from waltz_client.wire.storage_messages import AppendRequest as StorageAppendRequest
+from waltz_client.wire.storage_messages import FindTimeRequest as StorageFindTimeRequest
 
 PROTOCOLS = ("server", "storage")
 
@@ -234,6 +236,28 @@ def _allocate_client_id(rng: random.Random, t: FuzzTarget) -> Frame:
     return Frame("AllocateClientIdRequest", m.encode(), tuple(_client_layout().fields))
 
 
+def _time_ms(rng: random.Random) -> int:
+    """A commit time: mostly now-ish, sometimes none (-1) or an edge."""
+    r = rng.random()
+    if r < 0.8:
+        return 1_800_000_000_000 + rng.randrange(1 << 30)
+    return rng.choice((-1, 0, 1, 2**63 - 1, -(2**63)))
+
+
+def _find_time(rng: random.Random, t: FuzzTarget) -> Frame:
+    out = _client_layout()
+    out.add("FindTime.timestamp", 8)
+    m = FindTimeRequest(_req_id(rng, t), _time_ms(rng))
+    return Frame("FindTimeRequest", m.encode(), tuple(out.fields))
+
+
+def _storage_find_time(rng: random.Random, t: FuzzTarget) -> Frame:
+    out = _storage_layout()
+    out.add("FindTime.timestamp", 8)
+    m = StorageFindTimeRequest(*_head(rng, t), _time_ms(rng))
+    return Frame("FindTimeRequest", m.encode(), tuple(out.fields))
+
+
 def _high_water_mark(rng: random.Random, t: FuzzTarget) -> Frame:
     m = HighWaterMarkRequest(_req_id(rng, t))
     return Frame("HighWaterMarkRequest", m.encode(), tuple(_client_layout().fields))
@@ -311,7 +335,7 @@ def _storage_append(rng: random.Random, t: FuzzTarget) -> Frame:
     head = _head(rng, t)
     first = min(_txid(rng), 2**63 - 16)  # room for the batch's consecutive IDs
     records = [
-        Record(first + i, _req_id(rng, t), _int32(rng), _data(rng))
+        Record(first + i, _req_id(rng, t), _int32(rng), _data(rng), _time_ms(rng))
         for i in range(rng.choice((0, 1, 1, 2, 3, rng.randrange(4, 16))))
     ]
     m = StorageAppendRequest(*head, RecordBatch.from_records(records))
@@ -323,6 +347,7 @@ def _storage_append(rng: random.Random, t: FuzzTarget) -> Frame:
             out.add(f"record[{i}].{name}", 4)
         out.add(f"record[{i}].header", 4)
         out.add(f"record[{i}].data length", 4, "length")
+        out.add(f"record[{i}].timestamp", 8)
         out.skip(len(rec.data))
         out.add(f"record[{i}].checksum", 4, "crc")
     return Frame("AppendRequest", m.encode(), tuple(out.fields))
@@ -340,6 +365,7 @@ CLIENT_BUILDERS: dict[str, Builder] = {
     "HighWaterMarkRequest": _high_water_mark,
     "ReadRangeRequest": _read_range,
     "AllocateClientIdRequest": _allocate_client_id,
+    "FindTimeRequest": _find_time,
 }
 STORAGE_BUILDERS: dict[str, Builder] = {
     "OpenRequest": _open,
@@ -349,6 +375,7 @@ STORAGE_BUILDERS: dict[str, Builder] = {
     "SetLowWaterMarkRequest": _one_txid(SetLowWaterMarkRequest, "SetLowWaterMark.low_water_mark"),
     "LogInfoRequest": _no_body(LogInfoRequest),
     "SetLogStartRequest": _one_txid(SetLogStartRequest, "SetLogStart.log_start"),
+    "FindTimeRequest": _storage_find_time,
     "AppendRequest": _storage_append,
     "RecordHeaderRequest": _one_txid(RecordHeaderRequest, "RecordHeaderRequest.transaction_id"),
     "RecordRequest": _one_txid(RecordRequest, "RecordRequest.transaction_id"),

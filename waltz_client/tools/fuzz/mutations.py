@@ -123,7 +123,14 @@ def _transplant(rng: random.Random, frame: Frame, t: FuzzTarget) -> list[bytes]:
     """A field's value taken from the same-sized field of another message type."""
     other = base_frame(rng, t)
     f = rng.choice(frame.fields[1:])
-    donors = [g for g in other.fields[1:] if g.width == f.width]
+    mine = frame.data[f.offset : f.offset + f.width]
+    # A donor holding the same value would change nothing: the session and sequence
+    # fields of two frames of one connection often agree.
+    donors = [
+        g
+        for g in other.fields[1:]
+        if g.width == f.width and other.data[g.offset : g.offset + g.width] != mine
+    ]
     if not donors:
         return _int_boundary(rng, frame, t)
     g = rng.choice(donors)
