@@ -44,7 +44,8 @@ COUNT = 2500
 FLOOR = COUNT - 1  # the local low-water mark partition 0 is written with
 LOW_FLOOR = 1000  # partition 2 holds the same records with this local low-water mark
 HEADER_BYTES = 128
-OVERHEAD = 40
+HEAD_BYTES = 44  # a record's head in segment format 2 (with the commit time)
+OVERHEAD = 48
 DATA_BYTES = 200
 SEG = "0000000000000000000.seg"
 IDX = "0000000000000000000.idx"
@@ -142,7 +143,7 @@ def cut_inside_header(part: Path) -> int:
 
 
 def flip_bit_mid_segment_index_emptied(part: Path) -> int:
-    flip_bit(part / SEG, offset_of(1250) + 36 + 17)
+    flip_bit(part / SEG, offset_of(1250) + HEAD_BYTES + 17)
     (part / IDX).write_bytes(b"")
     return 1249
 
@@ -156,7 +157,7 @@ def cut_ten_bytes_index_emptied(part: Path) -> int:
 
 
 def flip_bit_mid_segment(part: Path) -> int:
-    flip_bit(part / SEG, offset_of(1250) + 36 + 17)
+    flip_bit(part / SEG, offset_of(1250) + HEAD_BYTES + 17)
     return 1249
 
 

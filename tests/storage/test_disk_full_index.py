@@ -144,8 +144,9 @@ def test_a_segment_roll_on_a_full_disk_leaves_no_half_made_segment(
     node = storage_factory(
         directory=data, num_partitions=1, partitions="0", extra=["--segment-bytes", "65536"]
     )
-    # 511 records of 128 bytes on disk fill the first segment's 64 KiB exactly.
-    batches = [records(txid, 73, 88) for txid in range(0, 511, 73)]
+    # 511 records of 128 bytes on disk (80 data bytes, format 2) fill the first segment's
+    # 64 KiB exactly.
+    batches = [records(txid, 73, 80) for txid in range(0, 511, 73)]
     sent = [r for batch in batches for r in batch]
 
     async def append(batch: list) -> None:
@@ -160,7 +161,7 @@ def test_a_segment_roll_on_a_full_disk_leaves_no_half_made_segment(
 
     for _ in range(2):  # still full: the same again
         try:
-            run(append(records(511, 10, 88)))
+            run(append(records(511, 10, 80)))
         except StorageFailure as e:
             refusal = e
         else:
@@ -172,7 +173,7 @@ def test_a_segment_roll_on_a_full_disk_leaves_no_half_made_segment(
     assert gauge(node, "out_of_space", 0) == 1
 
     filler.unlink()
-    later = records(511, 10, 88)
+    later = records(511, 10, 80)
     run(append(later))
     assert gauge(node, "out_of_space", 0) == 0
     assert node.stop() == 0

@@ -54,7 +54,7 @@ async def exercise(port: int, key: uuid.UUID, segment: Path) -> dict[str, object
         offsets = await asyncio.to_thread(record_offsets, segment.with_suffix(".idx"))
         fd = os.open(segment, os.O_RDWR)
         try:
-            where = offsets[120] + 36 + 500
+            where = offsets[120] + 44 + 500  # past the 44-byte head (segment format 2)
             os.pwrite(fd, bytes([os.pread(fd, 1, where)[0] ^ 0x40]), where)
         finally:
             os.close(fd)

@@ -22,8 +22,9 @@ from waltz_storage.partition import PartitionLog
 KEY = uuid.UUID("a1b2c3d4-0000-4000-8000-0000000000aa")
 PARTITION = 1
 HEADER_BYTES = 128
-OVERHEAD = 40  # bytes a record takes on disk besides its data
-WIRE_OVERHEAD = 36  # bytes a record takes on the wire besides its data
+OVERHEAD = 48  # bytes a record takes on disk besides its data (segment format 2)
+WIRE_OVERHEAD = 44  # bytes a record takes on the wire besides its data (record format 2)
+TIME = 1_767_225_600_000  # records' commit times count up from it
 EVERYTHING = (10**9, 1 << 40)
 
 
@@ -35,11 +36,8 @@ def make_records(first: int, n: int, *, seed: int | str = 0, max_size: int = 100
     for t in range(first, first + n):
         rng = random.Random(f"{seed}:{t}")
         req = ReqId(rng.randrange(1 << 20), rng.randrange(5), PARTITION, rng.randrange(1 << 30))
-        out.append(
-            Record(
-                t, req, rng.randrange(-(2**31), 2**31), rng.randbytes(rng.randrange(max_size + 1))
-            )
-        )
+        header, data = rng.randrange(-(2**31), 2**31), rng.randbytes(rng.randrange(max_size + 1))
+        out.append(Record(t, req, header, data, TIME + t))
     return out
 
 
@@ -142,7 +140,7 @@ def test_append_and_read_across_many_segment_rolls(tmp_path: Path) -> None:
                     assert got.buf == wire(recs[start : start + count])
                     assert list(got.records()) == recs[start : start + count]
         assert log.read_headers(100, 3, 1 << 30) == [
-            RecordHeader(r.transaction_id, r.req_id, r.header) for r in recs[100:103]
+            RecordHeader(r.transaction_id, r.req_id, r.header, r.timestamp) for r in recs[100:103]
         ]
     finally:
         log.close()
@@ -215,7 +213,7 @@ def test_reads_are_bounded_by_max_records_and_max_bytes(
     assert got.buf == wire(expected)
     assert [span[0] for span in got.spans] == [r.transaction_id for r in expected]
     assert log.read_headers(txid, max_records, max_bytes) == [
-        RecordHeader(r.transaction_id, r.req_id, r.header) for r in expected
+        RecordHeader(r.transaction_id, r.req_id, r.header, r.timestamp) for r in expected
     ]
 
 

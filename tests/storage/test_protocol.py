@@ -28,7 +28,7 @@ from waltz_client.wire.framing import (
     Service,
     encode_frame,
 )
-from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.records import FORMAT_1, Record, RecordBatch, ReqId
 from waltz_client.wire.storage_client import (
     StorageClient,
     StorageConnectionClosed,
@@ -458,9 +458,13 @@ async def read_until_closed(reader: asyncio.StreamReader, timeout: float = 10.0)
     return b"".join(chunks)
 
 
+# The frames below go to ``raw_connect``'s connections, of protocol version 1: records
+# of format 1.
+
+
 def _append_with_bad_crc() -> bytes:
     rec = Record(0, ReqId(1, 2, 0, 3), 0, b"payload of the corrupted record")
-    good = AppendRequest(SESSION, 77, 0, RecordBatch.from_records([rec])).encode()
+    good = AppendRequest(SESSION, 77, 0, RecordBatch.from_records([rec], FORMAT_1)).encode()
     bad = bytearray(good)
     bad[-1] ^= 0xFF  # the record's data CRC-32 is the frame's last 4 bytes
     return bytes(bad)
@@ -468,7 +472,7 @@ def _append_with_bad_crc() -> bytes:
 
 def _truncated_append() -> bytes:
     rec = Record(0, ReqId(1, 2, 0, 3), 0, b"z" * 500)
-    frame = AppendRequest(SESSION, 78, 0, RecordBatch.from_records([rec])).encode()
+    frame = AppendRequest(SESSION, 78, 0, RecordBatch.from_records([rec], FORMAT_1)).encode()
     return frame[: len(frame) // 2]
 
 

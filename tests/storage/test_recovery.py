@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.records import FORMAT_1, FORMAT_2, Record, RecordBatch, ReqId
 from waltz_storage.errors import CorruptSegment, PartitionRefused
 from waltz_storage.partition import PartitionLog
 from waltz_storage.recovery import (
@@ -31,9 +31,9 @@ from waltz_storage.recovery import (
 KEY = uuid.UUID("7ec0ffee-0000-4000-8000-00000000beef")
 PARTITION = 2
 HEADER_BYTES = 128
-HEAD_BYTES = 36
-OVERHEAD = 40
-DATA = 24  # data bytes per record: a record takes 64 bytes on disk
+HEAD_BYTES = 44  # segment format 2, what the log writes
+OVERHEAD = 48
+DATA = 24  # data bytes per record: a record takes 72 bytes on disk
 
 
 def make_records(first: int, n: int, size: int = DATA) -> list[Record]:
@@ -159,29 +159,31 @@ def test_refusal(end: int, floor: int, problem: str | None, words: list[str] | N
         assert word in reason, reason
 
 
-def test_intact_record_after_finds_the_next_intact_record_past_a_zeroed_run() -> None:
+@pytest.mark.parametrize("fmt", [FORMAT_1, FORMAT_2], ids=["format 1", "format 2"])
+def test_intact_record_after_finds_the_next_intact_record_past_a_zeroed_run(fmt) -> None:
     recs = make_records(250, 30, size=0)  # IDs cross a 256 boundary of the last ID byte
-    buf = bytearray(b"".join(_disk(r) for r in recs))
-    buf[0 : 40 * 12 + 7] = bytes(40 * 12 + 7)  # records 250..262 destroyed, 263 intact
-    assert intact_record_after(bytes(buf), 250) == (263, 40 * 13)
-    assert intact_record_after(bytes(buf[: 40 * 13]), 250) is None  # only zeros after it
-    assert intact_record_after(bytes(4096), 250) is None
+    size = {1: 40, 2: 48}[fmt.version]  # a record without data, in the segment's format
+    buf = bytearray(b"".join(_disk(r, fmt.version) for r in recs))
+    buf[0 : size * 12 + 7] = bytes(size * 12 + 7)  # records 250..262 destroyed, 263 intact
+    assert intact_record_after(bytes(buf), 250, fmt) == (263, size * 13)
+    assert intact_record_after(bytes(buf[: size * 13]), 250, fmt) is None  # only zeros after
+    assert intact_record_after(bytes(4096), 250, fmt) is None
+    # Looked for in the other format, the intact records are not found.
+    other = FORMAT_2 if fmt is FORMAT_1 else FORMAT_1
+    assert intact_record_after(bytes(buf), 250, other) is None
 
 
-def _disk(rec: Record) -> bytes:
-    """A record in its documented on-disk layout (docs/on-disk.md), encoded here."""
+def _disk(rec: Record, version: int = 2) -> bytes:
+    """A record in its documented on-disk layout (docs/on-disk.md), encoded here: segment
+    format 1 without the commit time, 2 with it (after the length)."""
     q = rec.req_id
-    head = struct.pack(
-        ">qiiiiiiI",
-        rec.transaction_id,
-        q.client_id,
-        q.generation,
-        q.partition_id,
-        q.seq,
-        rec.header,
-        len(rec.data),
-        zlib.crc32(rec.data),
-    )
+    fields = (rec.transaction_id, q.client_id, q.generation, q.partition_id, q.seq, rec.header)
+    if version == 1:
+        head = struct.pack(">qiiiiiiI", *fields, len(rec.data), zlib.crc32(rec.data))
+    else:
+        head = struct.pack(
+            ">qiiiiiiqI", *fields, len(rec.data), rec.timestamp, zlib.crc32(rec.data)
+        )
     return head + rec.data + struct.pack(">I", zlib.crc32(head))
 
 
@@ -203,7 +205,7 @@ def test_a_torn_tail_at_or_below_the_floor_is_refused_and_above_it_cut(
         assert list(log.read(0, 1000, 1 << 20).records()) == recs[:99]
     finally:
         log.close()
-    assert "cutting 54 bytes of torn tail" in caplog.text
+    assert f"cutting {OVERHEAD + DATA - 10} bytes of torn tail" in caplog.text
 
 
 def test_a_missing_last_segment_below_the_floor_is_refused(tmp_path: Path) -> None:

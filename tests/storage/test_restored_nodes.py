@@ -5,13 +5,14 @@ restore``, with ZooKeeper and a server's recovery, is tests/backup/test_backup_r
 from __future__ import annotations
 
 import os
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.records import FORMAT_1, NO_TIMESTAMP, Record, RecordBatch, ReqId
 from waltz_storage.control_file import PartitionInfo
 from waltz_storage.log_start import LOG_START_FILE
 from waltz_storage.restore import RestoredLogMismatch, RestoredPartition, write_restored_nodes
@@ -116,5 +117,38 @@ def test_a_log_short_of_its_range_is_refused_before_its_marks_are_written(
     try:
         assert node.partitions[0].info.local_low_water_mark == -1
         assert node.partitions[0].info.session_id == -1
+    finally:
+        node.close()
+
+
+def test_restored_records_go_to_format_2_segments_with_their_times_if_they_had_any(
+    tmp_path: Path,
+) -> None:
+    """A backup of records with commit times (format 2) and one made before them (format
+    1): both are written in this build's segment format, the times as the records had."""
+    a = tmp_path / "a"
+    a.mkdir()
+    timed = [
+        Record(r.transaction_id, r.req_id, r.header, r.data, 1_767_225_600_000 + r.header)
+        for r in records(0, 9)
+    ]
+    batches = {
+        0: [RecordBatch.from_records(timed[:5]), RecordBatch.from_records(timed[5:])],
+        1: [RecordBatch.from_records(records(0, 9), FORMAT_1)],
+    }
+    partitions = [RestoredPartition(p, 0, 9, [str(a)], OneShot(batches[p])) for p in (0, 1)]
+    write_restored_nodes([str(a)], KEY, 2, partitions, session=SESSION)
+    for p in (0, 1):
+        for seg in (a / str(p)).glob("*.seg"):
+            assert struct.unpack_from(">i", seg.read_bytes()) == (2,)  # the format version
+    node = StorageNode.open(str(a), KEY, 2, {0, 1})
+    try:
+        for p, expected in ((0, timed), (1, records(0, 9))):
+            log = node.partitions[p].log
+            assert log is not None
+            read = log.read(0, 100, 1 << 20)
+            assert list(read.records()) == expected
+            assert read.timestamps() == [r.timestamp for r in expected]
+        assert node.partitions[1].log.read(0, 1, 100).timestamps() == [NO_TIMESTAMP]
     finally:
         node.close()

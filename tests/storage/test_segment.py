@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waltz_client.cluster.metadata import key_fingerprint
-from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.records import NO_TIMESTAMP, Record, RecordBatch, ReqId
 from waltz_storage import admin
 from waltz_storage import segment as segmod
 from waltz_storage.errors import CorruptSegment
@@ -38,9 +38,11 @@ PARTITION = 3
 # The documented layout, independent of the module's constants.
 HEADER_BYTES = 128
 HEADER = struct.Struct(">iq16siq")  # + u32 CRC of these 40 bytes, then 84 zero bytes
-RECORD_HEAD = struct.Struct(">qiiiiiiI")  # txid, reqid x4, header, length, data crc
-HEAD_BYTES = 36
-OVERHEAD = 40  # head + u32 record CRC
+# Segment format 2 (what this build writes; format 1 is in test_format_1_segments.py).
+RECORD_HEAD = struct.Struct(">qiiiiiiqI")  # txid, reqid x4, header, length, time, data crc
+HEAD_BYTES = 44
+OVERHEAD = 48  # head + u32 record CRC
+TIME = 1_767_225_600_000  # 2026-01-01 UTC: records' commit times count up from it
 CHECKPOINT = 1000
 WHOLE_LOG = (10**9, 1 << 40)  # max_records, max_bytes for "read everything"
 
@@ -57,7 +59,8 @@ def make_records(
         rng = random.Random(f"{seed}:{t}")
         length = size if size is not None else rng.randrange(max_size + 1)
         req = ReqId(rng.randrange(-(2**31), 2**31), rng.randrange(9), PARTITION, t)
-        out.append(Record(t, req, rng.randrange(-(2**31), 2**31), rng.randbytes(length)))
+        header, data = rng.randrange(-(2**31), 2**31), rng.randbytes(length)
+        out.append(Record(t, req, header, data, TIME + 7 * t))
     return out
 
 
@@ -72,6 +75,7 @@ def disk_record(rec: Record) -> bytes:
         q.seq,
         rec.header,
         len(rec.data),
+        rec.timestamp,
         zlib.crc32(rec.data),
     )
     return head + rec.data + struct.pack(">I", zlib.crc32(head))
@@ -154,9 +158,9 @@ def spy_scan(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     calls: list[tuple[int, int]] = []
     real = segmod.scan_records
 
-    def spy(fd, pos, size, expected):
+    def spy(fd, pos, size, expected, fmt):
         calls.append((pos, expected))
-        return real(fd, pos, size, expected)
+        return real(fd, pos, size, expected, fmt)
 
     monkeypatch.setattr(segmod, "scan_records", spy)
     return calls
@@ -168,15 +172,16 @@ def spy_scan(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 def test_segment_and_index_files_have_the_documented_bytes(tmp_path: Path) -> None:
     recs = [
         *make_records(0, 40, max_size=30),
-        Record(40, ReqId(-1, -2, -3, -4), -5, b""),
-        Record(41, ReqId(2**31 - 1, 0, 0, 0), 2**31 - 1, bytes(range(256))),
+        Record(40, ReqId(-1, -2, -3, -4), -5, b"", 2**63 - 1),
+        Record(41, ReqId(2**31 - 1, 0, 0, 0), 2**31 - 1, bytes(range(256)), -(2**63)),
+        Record(42, ReqId(1, 1, 1, 1), 0, b"no time", NO_TIMESTAMP),
     ]
     build_log(tmp_path, recs, batch=7)
     assert sorted(os.listdir(tmp_path)) == ["0000000000000000000.idx", "0000000000000000000.seg"]
 
     data = seg_path(tmp_path, 0).read_bytes()
     version, created, key, partition, first = HEADER.unpack_from(data)
-    assert (version, uuid.UUID(bytes=key), partition, first) == (1, KEY, PARTITION, 0)
+    assert (version, uuid.UUID(bytes=key), partition, first) == (2, KEY, PARTITION, 0)
     assert created > 1_600_000_000_000  # milliseconds
     assert struct.unpack_from(">I", data, 40) == (zlib.crc32(data[:40]),)
     assert data[44:HEADER_BYTES] == bytes(84)
@@ -187,7 +192,7 @@ def test_segment_and_index_files_have_the_documented_bytes(tmp_path: Path) -> No
 
 
 def test_segments_are_named_by_their_first_transaction_id(tmp_path: Path) -> None:
-    recs = make_records(0, 300, size=40)  # 80 bytes per record
+    recs = make_records(0, 300, size=32)  # 80 bytes per record
     offsets = build_log(tmp_path, recs, batch=13, segment_bytes=2000)
     firsts = [0]
     for seg_offsets in offsets[:-1]:
@@ -462,10 +467,10 @@ def test_a_cut_at_every_byte_of_the_last_record_recovers_to_the_record_before(
     "tail",
     [
         b"\x00",
-        bytes(35),
-        bytes(36),
-        bytes(39),
-        bytes(40),
+        bytes(HEAD_BYTES - 1),
+        bytes(HEAD_BYTES),
+        bytes(OVERHEAD - 1),
+        bytes(OVERHEAD),
         bytes(4096),
         random.Random(1).randbytes(1),
         random.Random(2).randbytes(77),
@@ -877,6 +882,7 @@ def test_verify_and_dump_commands(tmp_path: Path, capsys: pytest.CaptureFixture)
     firsts = [sum(len(o) for o in offsets[:k]) for k in range(len(offsets))]
     assert [r["first_txid"] for r in reports] == firsts
     assert all(r["ok"] for r in reports)
+    assert all(r["format_version"] == 2 for r in reports)
     assert sum(r["records"] for r in reports) == 40
 
     assert (
@@ -891,6 +897,15 @@ def test_verify_and_dump_commands(tmp_path: Path, capsys: pytest.CaptureFixture)
     assert bytes.fromhex(rows[1]["data_hex"]) == recs[4].data
     assert rows[1]["req_id"] == list(struct.unpack(">iiii", recs[4].req_id.encode()))
     assert rows[1]["crc32"] == zlib.crc32(recs[4].data)
+    assert rows[1]["commit_time_ms"] == recs[4].timestamp == TIME + 28
+    assert rows[1]["commit_time"] == "2026-01-01T00:00:00.028Z"
+    assert (
+        admin.cmd_dump(
+            ns(segment=str(seg_path(tmp_path, 0)), from_txid=4, count=1, data=False, json=False)
+        )
+        == 0
+    )
+    assert " time=2026-01-01T00:00:00.028Z " in capsys.readouterr().out
 
     flip_byte(seg_path(tmp_path, 0), offsets[0][5] + HEAD_BYTES)
     assert admin.cmd_verify(ns(paths=[str(tmp_path)], json=False)) == 1

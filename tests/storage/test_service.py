@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from waltz_client.wire.records import Record, RecordBatch, RecordHeader, ReqId
+from waltz_client.wire.records import FORMAT_2, Record, RecordBatch, RecordHeader, ReqId
 from waltz_client.wire.storage_messages import (
     AppendRequest,
     FailureResponse,
@@ -41,6 +41,7 @@ from waltz_storage.service import EngineSettings, PartitionService, StorageNode
 
 KEY = uuid.UUID("c0ffee00-1111-4222-8333-444455556666")
 OTHER_KEY = uuid.UUID("deadbeef-1111-4222-8333-444455556666")
+TIME = 1_767_225_600_000  # records' commit times count up from it
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -50,7 +51,8 @@ def make_records(first: int, n: int, *, seed: int | str = 0, size: int = 20) -> 
     out = []
     for t in range(first, first + n):
         rng = random.Random(f"{seed}:{t}")
-        out.append(Record(t, ReqId(rng.randrange(1000), 1, 0, t), t % 7, rng.randbytes(size)))
+        data = rng.randbytes(size)
+        out.append(Record(t, ReqId(rng.randrange(1000), 1, 0, t), t % 7, data, TIME + t))
     return out
 
 
@@ -65,7 +67,7 @@ def wire(recs: list[Record]) -> bytes:
 
 
 def headers(recs: list[Record]) -> tuple[RecordHeader, ...]:
-    return tuple(RecordHeader(r.transaction_id, r.req_id, r.header) for r in recs)
+    return tuple(RecordHeader(r.transaction_id, r.req_id, r.header, r.timestamp) for r in recs)
 
 
 def open_node(
@@ -584,7 +586,7 @@ def test_requests_after_appends_in_the_same_call_see_them(
 
 
 def test_reads_across_segments_and_their_bounds(tmp_path: Path) -> None:
-    node = open_node(tmp_path, segment_bytes=1000, max_response_bytes=56 * 10)
+    node = open_node(tmp_path, segment_bytes=1000, max_response_bytes=64 * 10)
     try:
         svc = node.partitions[1]
         recs = make_records(0, 100)
@@ -599,7 +601,7 @@ def test_reads_across_segments_and_their_bounds(tmp_path: Path) -> None:
             assert response == RecordResponse(1, 2, 1, recs[first])
             (response,) = svc.process([RecordHeaderRequest(1, 3, 1, first)])
             assert response == RecordHeaderResponse(1, 3, 1, headers(recs)[first])
-        # max_response_bytes (560 = ten 56-byte wire records) bounds a list.
+        # max_response_bytes (640 = ten 64-byte wire records) bounds a list.
         (response,) = svc.process([RecordListRequest(1, 4, 1, 3, 1000)])
         assert list(response.records.records()) == recs[3:13]
         (response,) = svc.process([RecordHeaderListRequest(1, 5, 1, 3, 1000)])
@@ -659,7 +661,7 @@ def test_a_damaged_record_is_an_io_error_then_the_partition_is_unavailable(
         svc = node.partitions[0]
         svc.process([append(1, 0, 0, 0, 10)])
         seg = tmp_path / "0" / "0000000000000000000.seg"
-        offset = svc.log.segments[0].offsets[4] + 36 + 3  # a data byte of transaction 4
+        offset = svc.log.segments[0].offsets[4] + 44 + 3  # a data byte of transaction 4
         with open(seg, "r+b") as f:
             f.seek(offset)
             b = f.read(1)
@@ -889,7 +891,7 @@ def test_snapshot_reports_the_partition_state(tmp_path: Path) -> None:
         assert data[size:] == bytes(len(data) - size) != b""
         fd = os.open(path, os.O_RDONLY)
         try:
-            offsets, end, problem = scan_records(fd, HEADER_BYTES, size, 0)
+            offsets, end, problem = scan_records(fd, HEADER_BYTES, size, 0, FORMAT_2)
         finally:
             os.close(fd)
         assert (len(offsets), end, problem) == (7, size, None)

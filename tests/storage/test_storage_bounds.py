@@ -22,7 +22,7 @@ from test_protocol import SESSION, check_serves, raw_connect, read_until_closed,
 
 from waltz_client.runtime.peer_limits import PeerLimits
 from waltz_client.wire.framing import FrameDecoder, Hello, Service
-from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.records import FORMAT_1, Record, RecordBatch, ReqId
 from waltz_client.wire.storage_client import StorageClient
 from waltz_client.wire.storage_messages import (
     AppendRequest,
@@ -200,7 +200,8 @@ def test_partial_frames_share_a_budget_and_all_of_them_finish(serve):
                 conns.append((reader, writer))
             frames = []
             for partition in range(3):
-                batch = RecordBatch.from_records(records(0, 3, MiB))
+                # Format 1: what the raw connection's protocol version 1 carries.
+                batch = RecordBatch.from_records(records(0, 3, MiB), FORMAT_1)
                 frames.append(AppendRequest(SESSION, 1, partition, batch).encode())
             peak = 0
             for offset in range(0, len(frames[0]), 256 * 1024):

@@ -20,6 +20,7 @@ from waltz_client.wire.storage_messages import StorageError
 T = TypeVar("T")
 SESSION = 42
 RECORD_BYTES = 300
+TIME = 1_767_225_600_000  # 2026-01-01 UTC: partition 0's commit times count up from it
 
 
 def run(coro: Awaitable[T], timeout: float = 30.0) -> T:
@@ -36,7 +37,7 @@ def filled(storage_factory):
     rng = random.Random(2024)
     written = {
         0: [
-            Record(i, ReqId(5, 6, 0, i), i * 3, rng.randbytes(RECORD_BYTES + i % 7))
+            Record(i, ReqId(5, 6, 0, i), i * 3, rng.randbytes(RECORD_BYTES + i % 7), TIME + i)
             for i in range(60)
         ],
         1: [Record(i, ReqId(5, 6, 1, i), 0, rng.randbytes(50)) for i in range(4)],
@@ -74,7 +75,7 @@ def test_verify_healthy_directory(filled, waltz):
     assert len(lines) == len(all_segs)
     assert all(line.startswith("OK") for line in lines), result.stdout
     for seg in all_segs:
-        assert any(str(seg) in line for line in lines)
+        assert any(line.startswith(f"OK      {seg}: format 2, ") for line in lines), lines
 
     # --json: every record counted once, first/last IDs chain across segments.
     result = waltz("storage", "verify", "--json", str(filled.directory / "0"))
@@ -82,6 +83,7 @@ def test_verify_healthy_directory(filled, waltz):
     reports = json.loads(result.stdout)
     assert [r["path"] for r in reports] == [str(s) for s in segs0]
     assert all(r["ok"] and not r["problems"] for r in reports)
+    assert all(r["format_version"] == 2 for r in reports)
     assert sum(r["records"] for r in reports) == 60
     assert reports[0]["first_txid"] == 0 and reports[-1]["last_txid"] == 59
     for a, b in itertools.pairwise(reports):
@@ -153,8 +155,10 @@ def test_dump_prints_records_as_json(filled, waltz):
         assert r["header"] == rec.header
         assert r["length"] == len(rec.data)
         assert r["crc32"] == crc32(rec.data)
+        assert r["commit_time_ms"] == rec.timestamp
+        assert r["commit_time"] == f"2026-01-01T00:00:00.{rec.transaction_id:03d}Z"
     assert rows[0]["offset"] == 128  # right after the segment header
-    assert rows[1]["offset"] == 128 + 40 + rows[0]["length"]
+    assert rows[1]["offset"] == 128 + 48 + rows[0]["length"]  # a format-2 record
 
     # --from and --data.
     rows = dump_json(waltz, seg, "--from", str(first + 2), "--count", "2", "--data")
@@ -170,6 +174,7 @@ def test_dump_prints_records_as_json(filled, waltz):
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert len(lines) == 2 and lines[0].startswith(f"txid={first} ")
+    assert f" time=2026-01-01T00:00:00.{first:03d}Z " in lines[0]
 
 
 def test_control_shows_cluster_key_and_fence_session(filled, waltz):

@@ -8,7 +8,10 @@ import os
 import sys
 import time
 
+from waltz_client.wire.records import NO_TIMESTAMP
+
 from .inspect import (
+    commit_time_text,
     partition_dirs,
     read_control_file,
     read_records,
@@ -103,8 +106,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for r in reports:
             status = "OK     " if r.ok else "CORRUPT"
             print(
-                f"{status} {r.path}: transactions {r.first_txid}..{r.last_txid} "
-                f"({r.records} records, {r.index_entries} index entries)"
+                f"{status} {r.path}: format {r.format_version or '?'}, transactions "
+                f"{r.first_txid}..{r.last_txid} ({r.records} records, "
+                f"{r.index_entries} index entries)"
             )
             for problem in r.problems:
                 print(f"        {problem}")
@@ -132,11 +136,15 @@ def cmd_dump(args: argparse.Namespace) -> int:
             status = 1
             continue
         q = rec.req_id
+        timed = rec.timestamp != NO_TIMESTAMP
         if args.json:
             row = {
                 "transaction_id": rec.transaction_id,
                 "offset": offset,
                 "req_id": [q.client_id, q.generation, q.partition_id, q.seq],
+                # None: a record of format 1 (written before commit times)
+                "commit_time_ms": rec.timestamp if timed else None,
+                "commit_time": commit_time_text(rec.timestamp) if timed else None,
                 "header": rec.header,
                 "length": len(rec.data),
                 "crc32": rec.checksum,
@@ -147,7 +155,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
         else:
             line = (
                 f"txid={rec.transaction_id} offset={offset} reqid={q.client_id}/"
-                f"{q.generation}/{q.partition_id}/{q.seq} header={rec.header} "
+                f"{q.generation}/{q.partition_id}/{q.seq} "
+                f"time={commit_time_text(rec.timestamp)} header={rec.header} "
                 f"length={len(rec.data)} crc32={rec.checksum:#010x}"
             )
             if args.data:

@@ -30,9 +30,11 @@ from waltz_client.runtime import event_loop
 from waltz_client.runtime.process_cpu import process_cpu_seconds
 from waltz_client.wire.framing import FRAME_HEADER
 from waltz_client.wire.native import describe as describe_loops
-from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.records import DEFAULT_FORMAT, Record, RecordBatch, ReqId
 from waltz_client.wire.storage_client import StorageClient
 from waltz_client.wire.storage_messages import MESSAGE_HEADER, StorageMessageType
+
+from .segment_format import disk_overhead
 
 _TXID = struct.Struct(">q")
 
@@ -106,12 +108,15 @@ def start_storage_process(
 
 
 class AppendFrames:
-    """Pre-built Append frames: only the sequence number and transaction IDs change."""
+    """Pre-built Append frames: only the sequence number and transaction IDs change. The
+    records are in this build's format (with a commit time), the node's own version's."""
 
     def __init__(self, batch: int, record_bytes: int, partition: int, session: int) -> None:
         data = os.urandom(record_bytes)
+        now = int(time.time() * 1000)
         template = RecordBatch.from_records(
-            [Record(i, ReqId(1, 1, partition, i), 0, data) for i in range(batch)]
+            [Record(i, ReqId(1, 1, partition, i), 0, data, now) for i in range(batch)],
+            DEFAULT_FORMAT,
         )
         self._head = bytearray(FRAME_HEADER.size + MESSAGE_HEADER.size + 4)
         body_len = MESSAGE_HEADER.size + 4 + len(template.buf)
@@ -164,6 +169,8 @@ async def _append_run(
     batch = load.batch
     client = await StorageClient.connect(load.host, load.port)
     try:
+        if not client.speaks_commit_time:  # the frames are pre-built in record format 2
+            raise RuntimeError(f"the node chose protocol version {client.version}, too old")
         await client.open(load.key, num_partitions)
         next_txid = await client.max_transaction_id(load.session, partition) + 1
         frames = AppendFrames(batch, load.record_bytes, partition, load.session)
@@ -202,7 +209,7 @@ async def _append_run(
 def raw_disk_rate(directory: str, batch: int, record_bytes: int, duration: float) -> float:
     """Records/s when each batch's on-disk bytes are written and fsync'd, one batch at a time."""
     path = os.path.join(directory, "raw-disk-test")
-    chunk = os.urandom(batch * (record_bytes + 40))
+    chunk = os.urandom(batch * (record_bytes + disk_overhead(DEFAULT_FORMAT)))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         writes = 0

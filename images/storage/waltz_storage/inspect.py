@@ -8,8 +8,9 @@ import struct
 import uuid
 from array import array
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
-from waltz_client.wire.records import Record, ReqId
+from waltz_client.wire.records import NO_TIMESTAMP, Record, ReqId
 
 from .control_file import (
     CONTROL_FILE_NAME,
@@ -30,9 +31,9 @@ from .segment_format import (
     HEADER_BYTES as SEGMENT_HEADER_BYTES,
 )
 from .segment_format import (
-    RECORD_HEAD,
-    RECORD_HEAD_BYTES,
     decode_header,
+    disk_head_bytes,
+    record_format_of,
 )
 
 _SEGMENT_NAME = re.compile(r"^(\d{19})\.seg$")
@@ -42,6 +43,7 @@ _SEGMENT_NAME = re.compile(r"^(\d{19})\.seg$")
 class SegmentReport:
     path: str
     first_txid: int = -1
+    format_version: int = 0  # the header's (0: no valid header)
     records: int = 0
     index_entries: int = 0
     problems: list[str] = field(default_factory=list)
@@ -58,6 +60,7 @@ class SegmentReport:
         return {
             "path": self.path,
             "ok": self.ok,
+            "format_version": self.format_version,
             "first_txid": self.first_txid,
             "last_txid": self.last_txid,
             "records": self.records,
@@ -77,13 +80,16 @@ def verify_segment(path: str) -> SegmentReport:
     try:
         header = os.pread(fd, SEGMENT_HEADER_BYTES, 0)
         try:
-            _, _, _, _, first = decode_header(header, path)
+            version, _, _, _, first = decode_header(header, path)
         except CorruptSegment as e:
             report.problems.append(str(e))
             return report
         report.first_txid = first
+        report.format_version = version
         size = os.fstat(fd).st_size
-        offsets, offset, problem, size = scan_segment_file(fd, size, first)
+        offsets, offset, problem, size = scan_segment_file(
+            fd, size, first, record_format_of(version)
+        )
         if problem is not None:
             report.problems.append(
                 f"transaction {first + len(offsets)} at offset {offset}: {problem} "
@@ -226,27 +232,44 @@ def segment_paths(target: str) -> list[str]:
     return found
 
 
+def commit_time_text(ms: int) -> str:
+    """A record's commit time as ISO 8601 UTC with milliseconds, "-" for none (a record
+    of format 1); a value no date can hold as its milliseconds ("<n>ms")."""
+    if ms == NO_TIMESTAMP:
+        return "-"
+    try:
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    except OverflowError:
+        return f"{ms}ms"
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def read_records(
     path: str, from_txid: int | None = None, count: int | None = None
 ) -> list[tuple[int, Record | None, str | None]]:
-    """(offset, record, problem) for the records of a segment; stops after the first problem."""
+    """(offset, record, problem) for the records of a segment (of either format: a record
+    of format 1 has the time ``NO_TIMESTAMP``); stops after the first problem."""
     out: list[tuple[int, Record | None, str | None]] = []
     with open(path, "rb") as f:
         data = f.read()
-    _, _, _, _, first = decode_header(data[:SEGMENT_HEADER_BYTES], path)
+    version, _, _, _, first = decode_header(data[:SEGMENT_HEADER_BYTES], path)
+    fmt = record_format_of(version)
     fd = os.open(path, os.O_RDONLY)
     try:
-        offsets, end, problem, _ = scan_segment_file(fd, len(data), first)
+        offsets, end, problem, _ = scan_segment_file(fd, len(data), first, fmt)
     finally:
         os.close(fd)
     start = 0 if from_txid is None else max(0, from_txid - first)
+    head_bytes = disk_head_bytes(fmt)
     for i in range(start, len(offsets)):
         if count is not None and len(out) >= count:
             return out
         offset = offsets[i]
-        _, c, g, p, s, header, n, _ = RECORD_HEAD.unpack_from(data, offset)
-        body = data[offset + RECORD_HEAD_BYTES : offset + RECORD_HEAD_BYTES + n]
-        out.append((offset, Record(first + i, ReqId(c, g, p, s), header, body), None))
+        # The wire head; format 2's ends in the commit time.
+        _, c, g, p, s, header, n, *timed = fmt.head.unpack_from(data, offset)
+        body = data[offset + head_bytes : offset + head_bytes + n]
+        record = Record(first + i, ReqId(c, g, p, s), header, body, *timed)
+        out.append((offset, record, None))
     if problem is not None and (count is None or len(out) < count):
         out.append((end, None, problem))
     return out

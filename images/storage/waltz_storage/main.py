@@ -27,6 +27,7 @@ from .coordination import (
 )
 from .errors import ControlFileError
 from .http import build_app
+from .segment_format import disk_bytes_bound
 from .server import ServerSettings, StorageServer
 from .service import EngineSettings, StorageNode
 
@@ -100,8 +101,8 @@ def _engine_settings(config: StorageConfig) -> EngineSettings:
         segment_bytes=config.segment_bytes,
         # The most bytes one write group can leave unsynced: a drained batch stops
         # once it reaches write_group_max_bytes, so at most one more frame; records
-        # take at most 40/36 of their wire size on disk.
-        max_torn_bytes=(config.write_group_max_bytes + config.max_frame_bytes) * 10 // 9 + 1,
+        # take at most 48/36 of their wire size on disk (an older server's, format 1).
+        max_torn_bytes=disk_bytes_bound(config.write_group_max_bytes + config.max_frame_bytes) + 1,
         group_sync=config.group_sync,
         group_sync_write_back=config.group_sync_write_back,
     )

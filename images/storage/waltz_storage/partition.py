@@ -1,4 +1,10 @@
-"""A partition's log on one storage node: its segments, appends, truncation and reads."""
+"""A partition's log on one storage node: its segments, appends, truncation and reads.
+
+Records are taken and served in this build's record format (``DEFAULT_FORMAT``, with
+commit times). Segments an older node wrote (format 1, without them) stay as they are:
+they are read, truncated and deleted like any, and served converted; the first append
+after such a segment starts a new segment of ``DEFAULT_FORMAT`` (``_roll``).
+"""
 
 from __future__ import annotations
 
@@ -10,20 +16,21 @@ from collections.abc import Callable
 
 from waltz_client.runtime.files import fsync_directory
 from waltz_client.wire.native import native
-from waltz_client.wire.records import RecordBatch, RecordHeader
+from waltz_client.wire.records import DEFAULT_FORMAT, RecordBatch, RecordHeader
 
 from .control_file import NO_TRANSACTION
 from .errors import NonContiguousAppend, PartitionRefused, TransactionNotFound, TruncateRefused
 from .log_start import leftover_segments, read_log_start, write_log_start
 from .recovery import SEGMENT_NAME, refusal, scan_partition
-from .segment import Segment, wire_to_disk
-from .segment_format import segment_stem
+from .segment import Segment
+from .segment_format import disk_bytes_bound, disk_overhead, segment_stem
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
-# One write group with the default limits (8 MiB group + one 64 MiB frame, x 10/9 on disk).
-DEFAULT_MAX_TORN_BYTES = 80 * 1024 * 1024
+# One write group with the default limits (8 MiB group + one 64 MiB frame; on disk at most
+# 4/3 of that: an older server's records of format 1 grow from 36 to 48 bytes): 96 MiB.
+DEFAULT_MAX_TORN_BYTES = disk_bytes_bound(72 * 1024 * 1024)
 
 
 class PartitionLog:
@@ -133,7 +140,10 @@ class PartitionLog:
     # --- writes -------------------------------------------------------------------------
 
     def append(self, batch: RecordBatch) -> None:
-        """Write a batch (no fsync). Only the next contiguous transaction IDs are accepted."""
+        """Write a batch (no fsync). Only the next contiguous transaction IDs are accepted.
+
+        A batch in another record format than ``DEFAULT_FORMAT`` (an older server's) is
+        converted: its records' commit times are ``NO_TIMESTAMP``."""
         if not batch.spans:
             return
         expected = self.max_txid + 1
@@ -150,28 +160,51 @@ class PartitionLog:
                     f"partition {self.partition_id}: expected transaction {expected + i}, "
                     f"got {txid}" + (f" (record {i} of the batch)" if i else "")
                 )
+        # After the IDs are checked: the conversion reads every record.
+        if batch.format.version != DEFAULT_FORMAT.version:
+            batch = batch.convert(DEFAULT_FORMAT)
+            spans = batch.spans
+        overhead = disk_overhead(DEFAULT_FORMAT)
         start = 0
         while start < n:
             active = self.segments[-1]
-            if active.size >= self.segment_bytes and active.count:
-                active.seal()
-                active.release_offsets()
-                active = Segment.create(
-                    self.directory, self.partition_id, self.cluster_key, batch.spans[start][0]
-                )
-                self.segments.append(active)
-                self._segments_changed()
+            if active.format.version != DEFAULT_FORMAT.version or (
+                active.size >= self.segment_bytes and active.count
+            ):
+                active = self._roll(spans[start][0])
             # Records that fit before the segment passes its size (at least one).
             room = self.segment_bytes - active.size
             stop = start
             used = 0
             while stop < n and (stop == start or used < room):
-                used += batch.spans[stop][2] + 40
+                used += spans[stop][2] + overhead
                 stop += 1
-            out = bytearray()
-            sizes = wire_to_disk(batch, start, stop, out)
-            active.write(out, sizes, zeros_until=self.segment_bytes)
+            active.write_batch(batch, start, stop, zeros_until=self.segment_bytes)
             start = stop
+
+    def _roll(self, first_txid: int) -> Segment:
+        """A new active segment of ``DEFAULT_FORMAT`` from ``first_txid`` (the next ID):
+        the active one is sealed first. An empty active segment (of an older format: a
+        full one is never empty) has the new one's name: it is replaced in place."""
+        active = self.segments[-1]
+        if not active.count:
+            # Crash-safe without a rename: Segment.create rewrites the .idx header, fsyncs,
+            # then the .seg's, fsyncs. Cut in between, the headers differ (the index is
+            # rebuilt: the old empty segment again) or the .seg is shorter than its header
+            # (an interrupted creation: recreated empty). Failing (a full disk), create
+            # deletes both files: the log then ends where it did (before this segment, or
+            # at the log start, from which an open starts an empty one), and ``active``
+            # stays in place, its files open, till the next append tries again.
+            new = Segment.create(self.directory, self.partition_id, self.cluster_key, first_txid)
+            active.close()
+            self.segments[-1] = new
+            return new
+        active.seal()
+        active.release_offsets()
+        new = Segment.create(self.directory, self.partition_id, self.cluster_key, first_txid)
+        self.segments.append(new)
+        self._segments_changed()
+        return new
 
     def sync(self, sync_data: Callable[[int], None] | None = None) -> None:
         """fsync everything written since the last sync (only the active segment can be
@@ -252,16 +285,34 @@ class PartitionLog:
         fsync_directory(self.directory)
         return freed
 
-    def segment_stats(self) -> list[tuple[int, int, int, int]]:
-        """(first transaction, records, bytes, last modified in ms) of every segment."""
+    def segment_stats(self) -> list[tuple[int, int, int, int, int]]:
+        """(first transaction, records, bytes, last modified in ms, the last record's
+        commit time) of every segment."""
         stats = []
         for seg in self.segments:
             try:
                 modified = int(os.stat(seg.data_path).st_mtime * 1000)
             except OSError:
                 modified = 0
-            stats.append((seg.first_txid, seg.count, seg.size, modified))
+            stats.append((seg.first_txid, seg.count, seg.size, modified, seg.last_commit_time()))
         return stats
+
+    def find_time(self, time_ms: int) -> int:
+        """The first transaction served (from the log start) committed at or after
+        ``time_ms``; ``max_txid + 1`` when there is none. The segments' last commit
+        times (kept in memory once read) pick the segment, a binary search over its
+        records' heads the transaction: a few reads, however long the log."""
+        segments = self.segments
+        lo, hi = 0, len(segments)  # the first segment whose last record is late enough
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if segments[mid].count and segments[mid].last_commit_time() >= time_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == len(segments):
+            return self.max_txid + 1
+        return max(self.log_start, segments[lo].first_at_or_after(time_ms, self.log_start))
 
     # --- reads --------------------------------------------------------------------------
 
@@ -287,7 +338,7 @@ class PartitionLog:
         an empty batch when ``txid`` is past the end of the log.
         """
         if txid > self.max_txid or max_records <= 0:
-            return RecordBatch(b"", [])
+            return RecordBatch(b"", [], DEFAULT_FORMAT)
         if 0 <= txid < self.log_start:
             raise TransactionNotFound(
                 f"partition {self.partition_id}: transaction {txid} is below the log start "
@@ -334,9 +385,16 @@ def _delete_leftovers(directory: str, log_start: int) -> None:
 
 
 def _concat(parts: list[RecordBatch]) -> RecordBatch:
+    """One batch of ``parts``, all of one record format (every segment reads in
+    ``DEFAULT_FORMAT``)."""
+    fmt = parts[0].format
     spans: list[tuple[int, int, int]] = []
     base = 0
     for part in parts:
+        if part.format.version != fmt.version:
+            raise ValueError(
+                f"cannot join batches of record formats {fmt.version} and {part.format.version}"
+            )
         spans.extend((txid, pos + base, length) for txid, pos, length in part.spans)
         base += len(part.buf)
-    return RecordBatch(b"".join(part.buf for part in parts), spans)
+    return RecordBatch(b"".join(part.buf for part in parts), spans, fmt)

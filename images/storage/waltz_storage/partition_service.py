@@ -18,6 +18,8 @@ from waltz_client.wire.storage_messages import (
     NO_SPACE_MESSAGE,
     AppendRequest,
     FailureResponse,
+    FindTimeRequest,
+    FindTimeResponse,
     LastSessionInfoRequest,
     LastSessionInfoResponse,
     LogInfoRequest,
@@ -401,6 +403,8 @@ class PartitionService:
             case LogInfoRequest():
                 stats = tuple(SegmentStats(*row) for row in log_.segment_stats())
                 return LogInfoResponse(s, q, p, log_.log_start, log_.max_txid, stats)
+            case FindTimeRequest(timestamp=time_ms):
+                return FindTimeResponse(s, q, p, log_.find_time(time_ms))
             case SetLogStartRequest(log_start=start):
                 if start > log_.log_start:
                     refused = log_start_refusal(

@@ -33,17 +33,19 @@ from array import array
 from dataclasses import dataclass
 
 from waltz_client.cluster.metadata import key_fingerprint
+from waltz_client.wire.records import FORMAT_1, RecordFormat
 
 from . import segment as seg
 from .errors import CorruptSegment
 from .log_start import leftover_segments
 from .segment_format import (
+    DATA_LENGTH,
     HEADER_BYTES,
-    RECORD_HEAD,
-    RECORD_HEAD_BYTES,
-    RECORD_OVERHEAD,
     check_record,
     decode_header,
+    disk_head_bytes,
+    disk_overhead,
+    record_format_of,
     segment_stem,
 )
 from .segment_scan import Damage, SegmentScan
@@ -261,7 +263,8 @@ def scan_segment(
     fd = os.open(path, os.O_RDONLY)
     try:
         header = os.pread(fd, HEADER_BYTES, 0)
-        _, created, key, stored_partition, stored_first = decode_header(header, path)
+        version, created, key, stored_partition, stored_first = decode_header(header, path)
+        fmt = record_format_of(version)  # the format its records are in
         if cluster_key is not None and key != cluster_key:
             raise CorruptSegment(
                 f"{path}: belongs to the cluster whose key is {key_fingerprint(key)}, not "
@@ -276,7 +279,7 @@ def scan_segment(
         hints, note = seg.read_index(stem + ".idx", header)
         # Zeros after the records are space written ahead of them, not part of the file:
         # damage is judged against the file's last non-zero byte.
-        offsets, pos, problem, size = seg.scan_segment_file(fd, size, first_txid)
+        offsets, pos, problem, size = seg.scan_segment_file(fd, size, first_txid, fmt)
         where = (
             f"partition {partition_id} segment {os.path.basename(path)}: "
             f"{problem or 'the file ends'} at offset {pos} "
@@ -284,11 +287,21 @@ def scan_segment(
         )
         if problem is not None:
             damage = _classify(
-                fd, pos, size, first_txid, offsets, hints, problem, where, is_last, max_torn_bytes
+                fd,
+                pos,
+                size,
+                first_txid,
+                offsets,
+                hints,
+                problem,
+                where,
+                is_last,
+                max_torn_bytes,
+                fmt,
             )
         else:
             damage = _synced_past_the_end(pos, first_txid, offsets, hints, where)
-        return SegmentScan(first_txid, header, created, size, offsets, hints, note, damage)
+        return SegmentScan(first_txid, header, created, size, offsets, hints, note, damage, version)
     finally:
         os.close(fd)
 
@@ -304,6 +317,7 @@ def _classify(
     where: str,
     is_last: bool,
     max_torn_bytes: int,
+    fmt: RecordFormat,
 ) -> Damage:
     k = len(offsets)  # the damaged record's position in the segment (and in the index)
     txid = first_txid + k
@@ -316,7 +330,7 @@ def _classify(
         max_torn_bytes=max_torn_bytes,
     )
     if reason is None:
-        found = intact_record_after(os.pread(fd, size - pos, pos), txid)
+        found = intact_record_after(os.pread(fd, size - pos, pos), txid, fmt)
         if found is not None:
             later, rel = found
             reason = (
@@ -343,22 +357,24 @@ def _synced_past_the_end(
     return None
 
 
-def intact_record_after(buf: bytes, txid: int) -> tuple[int, int] | None:
-    """(transaction, offset in ``buf``) of an intact record after the damaged record of
-    ``txid`` at ``buf[0]``, or None.
+def intact_record_after(
+    buf: bytes, txid: int, fmt: RecordFormat = FORMAT_1
+) -> tuple[int, int] | None:
+    """(transaction, offset in ``buf``) of an intact record (of record format ``fmt``, the
+    segment's) after the damaged record of ``txid`` at ``buf[0]``, or None.
 
     Looked for where the damaged record's length says the next one starts, then wherever
     the 8-byte ID of one of the next ``SEARCH_TXIDS`` transactions appears.
     """
-    if len(buf) >= RECORD_HEAD_BYTES:
-        length = RECORD_HEAD.unpack_from(buf, 0)[6]
-        nxt = RECORD_OVERHEAD + length
-        if length >= 0 and nxt < len(buf) and check_record(buf, nxt, txid + 1) is None:
+    if len(buf) >= disk_head_bytes(fmt):
+        (length,) = DATA_LENGTH.unpack_from(buf, 0)
+        nxt = disk_overhead(fmt) + length
+        if length >= 0 and nxt < len(buf) and check_record(buf, nxt, txid + 1, fmt) is None:
             return txid + 1, nxt
     last = min(txid + SEARCH_TXIDS, 2**63 - 1)
     for m in _txid_pattern(txid + 1, last).finditer(buf, 1):
         (found,) = _TXID.unpack_from(buf, m.start())
-        if check_record(buf, m.start(), found) is None:
+        if check_record(buf, m.start(), found, fmt) is None:
             return found, m.start()
     return None
 

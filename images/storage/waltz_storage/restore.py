@@ -6,7 +6,8 @@ when the log starts above transaction 0, the records appended and sealed, and th
 partition's control struct as a store session's recovery leaves it (that session, the
 low-water mark and the local low-water mark at the last transaction). The caller
 (``waltz_client.tools.backup.restore``) reads and checks the backup and places the
-replicas; this writes what it is given.
+replicas; this writes what it is given, in segments of this build's format (format 2:
+records of a backup made before commit times are written with none, ``NO_TIMESTAMP``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ class RestoredPartition:
     first: int  # the first transaction restored: the partition's log start
     high_water_mark: int  # the last: the low-water marks the control structs record
     holders: Sequence[str]  # the storage directories of the nodes holding it
-    batches: Iterable[RecordBatch]  # its records first..high_water_mark, read once for all
+    # Its records first..high_water_mark, read once for all; of either record format (the
+    # log converts format 1's).
+    batches: Iterable[RecordBatch]
 
 
 def write_restored_nodes(

@@ -1,6 +1,9 @@
 """One segment of a partition's log: ``<first txid>.seg`` (records) and ``.idx`` (offsets).
 
-The byte layout of both files is in ``segment_format.py``.
+The byte layout of both files is in ``segment_format.py``. Each segment holds records of
+the record format its header names: new segments that of this build (``DEFAULT_FORMAT``),
+segments an older node left format 1, read as they are (never rewritten) and served in
+``DEFAULT_FORMAT`` like the others.
 
 The ``.seg`` file of the segment being appended to grows ahead of its records in
 zero-filled steps (``PREALLOCATE_STEP``); the zeros after the last record are free
@@ -34,21 +37,30 @@ from collections.abc import Callable
 from waltz_client.runtime.files import fsync_directory
 from waltz_client.wire.crc import crc32 as fast_crc32
 from waltz_client.wire.native import native
-from waltz_client.wire.records import FORMAT_1, RecordBatch, RecordFormat
+from waltz_client.wire.records import (
+    DEFAULT_FORMAT,
+    FORMAT_1,
+    NO_TIMESTAMP,
+    RecordBatch,
+    RecordFormat,
+)
 
 from .errors import CorruptSegment, TransactionNotFound, out_of_space
 from .group_sync import WriteBack
 from .index_offsets import IndexedOffsets
 from .segment_format import (
     CRC,
+    DATA_LENGTH,
     HEADER_BYTES,
-    RECORD_HEAD,
-    RECORD_HEAD_BYTES,
     RECORD_OVERHEAD,
     check_record,
     cut_short,
+    disk_head_bytes,
+    disk_overhead,
     encode_header,
+    record_format_of,
     segment_stem,
+    segment_version,
 )
 from .segment_scan import Damage, SegmentScan
 
@@ -109,6 +121,7 @@ def wire_to_disk(batch: RecordBatch, start: int, stop: int, out: bytearray) -> l
 
 
 _HEAD_CHECKED = struct.Struct(">q20xi")  # a head's txid and data length
+_COMMIT_TIME = struct.Struct(">q")  # at offset 32 of a format-2 head
 
 
 def disk_to_wire(
@@ -178,8 +191,10 @@ class Segment:
         size: int,
         created_ms: int,
         allocated: int | None = None,
+        fmt: RecordFormat = DEFAULT_FORMAT,
     ) -> None:
         self.directory = directory
+        self.format = fmt  # of its records, as its header says
         self.partition_id = partition_id
         self.cluster_key = cluster_key
         self.first_txid = first_txid
@@ -206,6 +221,7 @@ class Segment:
         # to read them after a crash. 0 until this process syncs it itself.
         self._durable_length = 0
         self.device = os.fstat(data_fd).st_dev
+        self._last_time: tuple[int, int] | None = None  # (last txid, its commit time)
 
     # --- naming -------------------------------------------------------------------------
 
@@ -218,17 +234,28 @@ class Segment:
         return self.first_txid + len(self.offsets) - 1
 
     def __repr__(self) -> str:
-        return f"Segment({self.data_path}, txid {self.first_txid}..{self.last_txid})"
+        return (
+            f"Segment({self.data_path}, txid {self.first_txid}..{self.last_txid}, "
+            f"format {self.format.version})"
+        )
 
     # --- create / open ------------------------------------------------------------------
 
     @classmethod
     def create(
-        cls, directory: str, partition_id: int, cluster_key: uuid.UUID, first_txid: int
+        cls,
+        directory: str,
+        partition_id: int,
+        cluster_key: uuid.UUID,
+        first_txid: int,
+        fmt: RecordFormat = DEFAULT_FORMAT,
     ) -> Segment:
-        """New empty segment: both files written with their header and fsync'd, then the dir."""
+        """New empty segment for records of ``fmt`` (another than this build's only as an
+        older node left them: tests): both files written with their header and fsync'd,
+        then the dir. Files of that name are overwritten."""
         created_ms = int(time.time() * 1000)
-        header = encode_header(cluster_key, partition_id, first_txid, created_ms)
+        version = segment_version(fmt)
+        header = encode_header(cluster_key, partition_id, first_txid, created_ms, version)
         stem = os.path.join(directory, segment_stem(first_txid))
         fds: list[int] = []
         try:
@@ -256,6 +283,7 @@ class Segment:
             array("q"),
             HEADER_BYTES,
             created_ms,
+            fmt=fmt,
         )
 
     @classmethod
@@ -295,6 +323,7 @@ class Segment:
             offsets,
             scan.size,
             scan.created_ms,
+            fmt=record_format_of(scan.version),
         )
         try:
             if scan.damage is not None:
@@ -359,6 +388,20 @@ class Segment:
         self._index_written = self._index_synced = len(self.offsets)
 
     # --- writes -------------------------------------------------------------------------
+
+    def write_batch(
+        self, batch: RecordBatch, start: int, stop: int, zeros_until: int = 2**62
+    ) -> None:
+        """Write records ``start..stop`` of ``batch``, which must be in this segment's
+        record format, after the last (no fsync); see ``write``."""
+        if batch.format.version != self.format.version:
+            raise ValueError(
+                f"{self}: a batch of record format {batch.format.version} cannot be "
+                f"written to a segment of format {self.format.version}"
+            )
+        out = bytearray()
+        sizes = wire_to_disk(batch, start, stop, out)
+        self.write(out, sizes, zeros_until)
 
     def write(
         self, data: bytes | bytearray, record_sizes: list[int], zeros_until: int = 2**62
@@ -524,9 +567,11 @@ class Segment:
 
     # --- reads --------------------------------------------------------------------------
 
-    def _span(self, txid: int, max_records: int, max_bytes: int) -> tuple[int, int, int, array]:
+    def _span(
+        self, txid: int, max_records: int, max_bytes: int, grow: int = 0
+    ) -> tuple[int, int, int, array]:
         """(start offset, end offset, count, the records' offsets) of up to ``max_records``
-        records from ``txid``."""
+        records from ``txid``, at most ``max_bytes`` with ``grow`` bytes added a record."""
         i = txid - self.first_txid
         n = len(self.offsets)
         if not 0 <= i < n:
@@ -541,7 +586,7 @@ class Segment:
             return entries[k - i] if k < n else self.size
 
         # Always at least one record; then as many as fit in max_bytes.
-        while stop > i + 1 and end_of(stop) - start > max_bytes:
+        while stop > i + 1 and end_of(stop) - start + grow * (stop - i) > max_bytes:
             stop = i + 1 + (stop - i - 1) // 2
         end = end_of(stop)
         if not HEADER_BYTES <= start < end <= self.size:  # a damaged index entry
@@ -552,7 +597,13 @@ class Segment:
         return start, end, stop - i, entries[: stop - i]
 
     def read_batch(self, txid: int, max_records: int, max_bytes: int) -> RecordBatch:
-        start, end, _, offsets = self._span(txid, max_records, max_bytes)
+        """Up to ``max_records`` records from ``txid``, checked, in ``DEFAULT_FORMAT``
+        (a format-1 segment's converted: their times are ``NO_TIMESTAMP``); at most
+        ``max_bytes`` of them (at least one)."""
+        fmt = self.format
+        # A record on the wire in DEFAULT_FORMAT takes this much more than on disk here.
+        grow = max(0, DEFAULT_FORMAT.head_size + CRC.size - disk_overhead(fmt))
+        start, end, _, offsets = self._span(txid, max_records, max_bytes, grow)
         buf = os.pread(self._data_fd, end - start, start)
         if len(buf) != end - start:
             raise CorruptSegment(
@@ -561,10 +612,52 @@ class Segment:
             )
         ends = [offset - start for offset in offsets[1:]]
         ends.append(end - start)
-        return disk_to_wire(buf, txid, ends, self.data_path)
+        batch = disk_to_wire(buf, txid, ends, self.data_path, fmt)
+        return batch if fmt.version == DEFAULT_FORMAT.version else batch.convert(DEFAULT_FORMAT)
+
+    # --- commit times ---------------------------------------------------------------------
+
+    def commit_time(self, txid: int) -> int:
+        """The commit time of ``txid`` as its head says (NO_TIMESTAMP in a format-1
+        segment). One pread of 8 bytes: a search's probe, not a checked read (what the
+        search finds is read, and checked, by the reads that follow it)."""
+        if self.format.version < 2:
+            return NO_TIMESTAMP
+        offset = self.offsets[txid - self.first_txid] + self.format.head_size - _COMMIT_TIME.size
+        raw = os.pread(self._data_fd, _COMMIT_TIME.size, offset)
+        if len(raw) != _COMMIT_TIME.size:
+            raise CorruptSegment(f"{self.data_path}: transaction {txid}'s head is cut short")
+        time_ms: int = _COMMIT_TIME.unpack(raw)[0]
+        return time_ms
+
+    def last_commit_time(self) -> int:
+        """The commit time of the last record (NO_TIMESTAMP: none, or format 1). A sealed
+        segment's never changes: kept after the first look."""
+        if not self.count:
+            return NO_TIMESTAMP
+        cached = self._last_time
+        if cached is not None and cached[0] == self.last_txid:
+            return cached[1]
+        time_ms = self.commit_time(self.last_txid)
+        self._last_time = (self.last_txid, time_ms)
+        return time_ms
+
+    def first_at_or_after(self, time_ms: int, from_txid: int) -> int:
+        """The first transaction from ``from_txid`` committed at or after ``time_ms``; the
+        last + 1 if none. Commit times never decrease along a log (a record without one
+        counts as earlier than any), so a binary search over the records' heads."""
+        lo, hi = max(from_txid, self.first_txid), self.last_txid + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.commit_time(mid) >= time_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def read_raw(self, txid: int, max_records: int, max_bytes: int) -> tuple[bytes, int]:
-        """Raw disk bytes of up to ``max_records`` records and how many there are."""
+        """Raw disk bytes (in the segment's format) of up to ``max_records`` records and
+        how many there are."""
         start, end, count, _ = self._span(txid, max_records, max_bytes)
         return os.pread(self._data_fd, end - start, start), count
 
@@ -626,51 +719,62 @@ def read_index(path: str, data_header: bytes) -> tuple[array, str | None]:
     return entries, None
 
 
-def scan_segment_file(fd: int, size: int, first_txid: int) -> tuple[array, int, str | None, int]:
+def scan_segment_file(
+    fd: int, size: int, first_txid: int, fmt: RecordFormat = FORMAT_1
+) -> tuple[array, int, str | None, int]:
     """``scan_records`` from the header to ``size``, taking the zeros written ahead of the
     records as free space: (offsets, where the valid records stop, why they stop there or
-    None at the end of the records, where the file's non-zero bytes end)."""
-    offsets, pos, problem = scan_records(fd, HEADER_BYTES, size, first_txid)
+    None at the end of the records, where the file's non-zero bytes end). ``fmt``: the
+    segment's record format (``record_format_of`` its header's version)."""
+    offsets, pos, problem = scan_records(fd, HEADER_BYTES, size, first_txid, fmt)
     if problem is None:
         return offsets, pos, None, pos
     end = end_of_data(fd, pos, size)
     return offsets, pos, problem if end > pos else None, end
 
 
-def scan_records(fd: int, pos: int, size: int, expected_txid: int) -> tuple[array, int, str | None]:
-    """Check every record from ``pos``: (their offsets, where the valid records stop, and
-    why they stop there: ``check_record``'s problem, or None at the end of the file).
+def scan_records(
+    fd: int, pos: int, size: int, expected_txid: int, fmt: RecordFormat = FORMAT_1
+) -> tuple[array, int, str | None]:
+    """Check every record (of record format ``fmt``) from ``pos``: (their offsets, where
+    the valid records stop, and why they stop there: ``check_record``'s problem, or None
+    at the end of the file).
 
     Reads ``SCAN_CHUNK_BYTES`` at a time; a record larger than that is read whole.
     """
     offsets = array("q")
     crc32 = fast_crc32
-    head = RECORD_HEAD.unpack_from
+    txid_and_length = _HEAD_CHECKED.unpack_from
     crc_at = CRC.unpack_from
+    head_size = fmt.head_size  # the wire head; the data CRC follows it
+    head_bytes = disk_head_bytes(fmt)
+    overhead = disk_overhead(fmt)
     while pos < size:
         buf = os.pread(fd, min(SCAN_CHUNK_BYTES, size - pos), pos)
         n = len(buf)
         mv = memoryview(buf)
         rel = 0
-        while n - rel >= RECORD_HEAD_BYTES:
+        while n - rel >= head_bytes:
             if native is not None and expected_txid < LAST_TXID:
                 # Past every whole, valid record at once; the loop below takes the one
                 # it stopped before (cut off by the chunk, or wrong: it says what).
-                rel, expected_txid, found = native.scan_disk(buf, rel, expected_txid, pos)
+                rel, expected_txid, found = native.scan_disk(
+                    buf, rel, expected_txid, pos, head_size
+                )
                 offsets.frombytes(found)
-                if n - rel < RECORD_HEAD_BYTES:
+                if n - rel < head_bytes:
                     break
-            txid, _, _, _, _, _, length, data_crc = head(buf, rel)
-            data = rel + RECORD_HEAD_BYTES
+            txid, length = txid_and_length(buf, rel)
+            data = rel + head_bytes
             end = data + length
             if length < 0 or end + 4 > n:
                 break
             if (
                 txid != expected_txid
                 or crc32(mv[rel:data]) != crc_at(buf, end)[0]
-                or crc32(mv[data:end]) != data_crc
+                or crc32(mv[data:end]) != crc_at(buf, rel + head_size)[0]
             ):
-                return offsets, pos + rel, check_record(mv[: end + 4], rel, expected_txid)
+                return offsets, pos + rel, check_record(mv[: end + 4], rel, expected_txid, fmt)
             offsets.append(pos + rel)
             expected_txid += 1
             rel = end + 4
@@ -678,16 +782,16 @@ def scan_records(fd: int, pos: int, size: int, expected_txid: int) -> tuple[arra
             pos += rel
             continue
         # The record at pos does not fit in the chunk: read it whole, or find it cut short.
-        head_bytes = buf if n >= RECORD_HEAD_BYTES else os.pread(fd, RECORD_HEAD_BYTES, pos)
-        if len(head_bytes) < RECORD_HEAD_BYTES:
-            return offsets, pos, check_record(head_bytes, 0, expected_txid)
-        length = head(head_bytes, 0)[6]
-        if length < 0 or pos + RECORD_OVERHEAD + length > size:
-            return offsets, pos, cut_short(length, size - pos - RECORD_HEAD_BYTES)
-        problem = check_record(os.pread(fd, RECORD_OVERHEAD + length, pos), 0, expected_txid)
+        head = buf if n >= head_bytes else os.pread(fd, head_bytes, pos)
+        if len(head) < head_bytes:
+            return offsets, pos, check_record(head, 0, expected_txid, fmt)
+        (length,) = DATA_LENGTH.unpack_from(head, 0)
+        if length < 0 or pos + overhead + length > size:
+            return offsets, pos, cut_short(length, size - pos - head_bytes)
+        problem = check_record(os.pread(fd, overhead + length, pos), 0, expected_txid, fmt)
         if problem is not None:
             return offsets, pos, problem
         offsets.append(pos)
         expected_txid += 1
-        pos += RECORD_OVERHEAD + length
+        pos += overhead + length
     return offsets, pos, None

@@ -6,7 +6,9 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, replace
 
-from .segment_format import segment_stem
+from waltz_client.wire.records import RecordFormat
+
+from .segment_format import record_format_of, segment_stem
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,7 @@ class SegmentScan:
     hints: array  # the .idx entries: each was written after its record's fsync
     index_note: str | None  # why the .idx gives no entries at all (missing, other header)
     damage: Damage | None
+    version: int  # the header's format version: the records' format (``record_format_of``)
     # A segment before the last whose index holds exactly its checked records' offsets:
     # how many; ``offsets`` and ``hints`` are then dropped (``in_index``), so a partition's
     # scan holds one segment's offsets at a time, not the whole log's.
@@ -40,6 +43,10 @@ class SegmentScan:
     @property
     def name(self) -> str:
         return segment_stem(self.first_txid) + ".seg"
+
+    @property
+    def format(self) -> RecordFormat:
+        return record_format_of(self.version)
 
     @property
     def in_index(self) -> bool:

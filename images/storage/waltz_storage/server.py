@@ -18,6 +18,11 @@ once it has started (slow-loris); a failed Open on an opened connection closes i
 queued read counts as the largest response it may produce, so unread replies cannot
 pile up. The slot, the hello, the frames and the closing, as every daemon's connections
 have them, are ``waltz_client.runtime.peer_connection``'s.
+
+A peer of a protocol version before ``COMMIT_TIME_VERSION`` (a server not yet upgraded)
+sends and takes records in format 1, without commit times: its requests are converted
+to this build's format as they are decoded, and every response to it back to format 1
+as it is sent (``in_record_format``); a peer of the current version costs nothing extra.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import collections
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from waltz_client.runtime.json_logs import PEER, log_context
@@ -37,7 +42,9 @@ from waltz_client.runtime.peer_limits import PeerGuard, PeerLimits
 from waltz_client.runtime.peer_warnings import PeerWarnings
 from waltz_client.runtime.tls import TlsContexts, identity_allowed
 from waltz_client.wire.framing import DEFAULT_MAX_FRAME_BYTES, Service
+from waltz_client.wire.records import DEFAULT_FORMAT, FORMAT_1
 from waltz_client.wire.storage_messages import (
+    COMMIT_TIME_VERSION,
     DEFAULT_LIMITS,
     STORAGE_PROTOCOL_VERSIONS,
     FailureResponse,
@@ -49,6 +56,8 @@ from waltz_client.wire.storage_messages import (
     StorageError,
     StorageMessage,
     decode_request,
+    in_record_format,
+    record_format,
 )
 
 from .io_thread import IoThread
@@ -245,6 +254,10 @@ class StorageConnection(PeerConnection):
         self._node_paused = False  # too much queued on the whole node
         self._write_blocked = False  # the peer is not reading its responses
         self._over_budget = False  # partial frames of all connections over the budget
+        # Once the hello settled the version (``_settle_version``): how its frames decode,
+        # and whether it is older than commit times (its records converted both ways).
+        self._limits: Limits | None = None
+        self._older = False
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -302,7 +315,19 @@ class StorageConnection(PeerConnection):
     # --- dispatch, responses ------------------------------------------------------------
 
     def _take(self, message_type: int, body: bytes) -> None:
-        self._dispatch(decode_request(message_type, body, self._settings.limits), len(body) + 5)
+        limits = self._limits or self._settle_version()
+        request = decode_request(message_type, body, limits)
+        if self._older:
+            request = in_record_format(request, DEFAULT_FORMAT)
+        self._dispatch(request, len(body) + 5)
+
+    def _settle_version(self) -> Limits:
+        """The limits frames of the version the hello settled on decode with (before the
+        first frame is taken: ``self.version`` is set by then)."""
+        fmt = record_format(self.version)
+        self._older = self.version < COMMIT_TIME_VERSION
+        self._limits = replace(self._settings.limits, record_format=fmt)
+        return self._limits
 
     def _dispatch(self, request: StorageMessage, size: int) -> None:
         self._server.count_request(type(request))
@@ -363,6 +388,8 @@ class StorageConnection(PeerConnection):
         if self._transport is None:
             return
         if not self._transport.is_closing():
+            if self._older:  # a peer before commit times: its records in format 1
+                answers = [(in_record_format(r, FORMAT_1), queued) for r, queued in answers]
             # Records read from disk go to the socket as they are, not copied into a frame.
             self._transport.writelines(
                 [part for response, _ in answers for part in response.encode_parts()]
@@ -382,6 +409,8 @@ class StorageConnection(PeerConnection):
 
     def _send(self, response: StorageMessage) -> None:
         if self._transport is not None and not self._transport.is_closing():
+            if self._older:
+                response = in_record_format(response, FORMAT_1)
             self._transport.write(response.encode())
 
     def _send_failure(self, request: StorageMessage, error: StorageError, message: str) -> None:
