@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean fault-deps postgres-deps prometheus-deps
+.PHONY: run test lint bench clean fault-deps postgres-deps prometheus-deps faketime-deps
 
 $(STAMP): pyproject.toml setup.py waltz_client/wire/_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -60,12 +60,26 @@ prometheus-deps:
 	  { quiet_apt update && quiet_apt install -y --no-install-recommends prometheus; } || \
 	  echo "could not install Prometheus: the tests that run it will be skipped"
 
+## faketime-deps: libfaketime (Debian's libfaketime package), which the clock-skew test of
+## commit times runs a server under (tests/server/test_commit_times.py); installed with
+## apt-get only when it is missing and we are root. Never fails: without it that test skips.
+faketime-deps:
+	@if ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then exit 0; fi; \
+	echo "installing libfaketime (apt-get) for the clock-skew test"; \
+	quiet_apt() { DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=120 "$$@" \
+	  >/dev/null 2>&1 </dev/null; }; \
+	quiet_apt install -y --no-install-recommends libfaketime || \
+	  { quiet_apt update && quiet_apt install -y --no-install-recommends libfaketime; } || \
+	  echo "could not install libfaketime: the clock-skew test will be skipped"
+
 ## test: lint, then the whole test suite (with nftables for the fault tests, see fault-deps,
-## PostgreSQL for the database callback tests, see postgres-deps, and Prometheus for the
-## alert tests, see prometheus-deps),
+## PostgreSQL for the database callback tests, see postgres-deps, Prometheus for the
+## alert tests, see prometheus-deps, and libfaketime for the clock-skew test, see
+## faketime-deps),
 ## three test files at a time on two cores: most tests wait on processes and timeouts,
 ## not the CPU (the suite used 44% of two cores with two at a time)
-test: $(STAMP) fault-deps postgres-deps prometheus-deps lint
+test: $(STAMP) fault-deps postgres-deps prometheus-deps faketime-deps lint
 	$(PY) -m pytest -n 3 --dist loadfile
 
 ## lint: ruff; the import contracts (layers, no circles: [tool.importlinter] in

@@ -172,3 +172,17 @@ def test_the_cli_refuses_bad_arguments_and_changes_nothing(
         assert not client.exists(ClusterPaths.of(cluster_root).retention)
     finally:
         close(client)
+
+
+def test_by_age_a_segment_is_as_old_as_its_last_commit_not_its_file() -> None:
+    # Segments a restore or a copy rewrote today, holding transactions committed 4, 3 and
+    # 2 days ago: their files are new, their transactions are not.
+    copied = [
+        SegmentInfo(100 * i, 100, 1000, NOW - 60_000, last_commit_ms=NOW - (4 - i) * DAY)
+        for i in range(4)
+    ]
+    rule = RetentionRule(max_age_seconds=int(2.5 * 86400))
+    assert next_log_start(rule, 0, copied, now_ms=NOW, high_water_mark=399, current=0) == 200
+    # Records written before commit times (none recorded): the file's age, as before.
+    old = [SegmentInfo(s.first_txid, s.records, s.size_bytes, s.modified_ms) for s in copied]
+    assert next_log_start(rule, 0, old, now_ms=NOW, high_water_mark=399, current=0) == 0

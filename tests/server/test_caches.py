@@ -26,8 +26,8 @@ def feed(max_entries: int) -> FeedCache:
 # --- FeedCache ------------------------------------------------------------------------
 
 
-def test_header_bytes_is_the_packed_record_header():
-    assert HEADER_BYTES == 28
+def test_header_bytes_is_the_packed_record_header_and_its_commit_time():
+    assert HEADER_BYTES == 36  # TIMED_HEADER: what a version-3 feed row carries as is
 
 
 def test_max_entries_from_bytes():

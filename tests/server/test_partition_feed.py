@@ -26,8 +26,8 @@ from waltz_client.wire.client_messages import (
 from waltz_client.wire.framing import FrameDecoder
 from waltz_client.wire.records import (
     CRC,
-    RECORD_HEADER,
-    WIRE_RECORD_HEAD,
+    FORMAT_2,
+    TIMED_HEADER,
     RecordBatch,
     ReqId,
     crc32,
@@ -41,6 +41,7 @@ class Connection:
     raises RuntimeError on a transport that is closing)."""
 
     closed = False
+    version = 3  # the client protocol it speaks: feed rows with commit times
 
     def __init__(self) -> None:
         self.frames: list[bytes] = []
@@ -80,7 +81,7 @@ def test_a_dead_feed_is_suspended_and_no_longer_answers_flushes() -> None:
         partition.state = State.ACTIVE
         partition.core.session_opened(2)
         for txid in range(3):
-            partition.feed_cache.add(txid, RECORD_HEADER.pack(txid, 7, 1, 0, 10 + txid, 0))
+            partition.feed_cache.add(txid, TIMED_HEADER.pack(txid, 7, 1, 0, 10 + txid, 0, 5000))
         connection = Connection()
         q = ReqId(7, 1, 0, 1)
         partition._mount(connection, MountRequest(q, -1, 1))
@@ -105,7 +106,7 @@ def committed_batch(first: int, count: int) -> RecordBatch:
     for txid in range(first, first + count):
         data = b"d%d" % txid
         spans.append((txid, len(buf), len(data)))
-        buf += WIRE_RECORD_HEAD.pack(txid, 7, 1, 0, 100 + txid, 0, len(data))
+        buf += FORMAT_2.head.pack(txid, 7, 1, 0, 100 + txid, 0, len(data), 5000 + txid)
         buf += data + CRC.pack(crc32(data))
     return RecordBatch(buf, spans)
 

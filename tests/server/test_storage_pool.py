@@ -14,7 +14,7 @@ import pytest
 from server_harness import Put, partition_metadata, wait_for
 
 from waltz_client import WaltzClient, WaltzClientConfig
-from waltz_client.wire.records import CRC, WIRE_RECORD_HEAD, crc32
+from waltz_client.wire.records import CRC, FORMAT_2, crc32
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import StorageError
 from waltz_server.storage_pool import PoolKey, StoragePool
@@ -120,7 +120,7 @@ def test_a_wrong_cluster_key_is_refused_and_nothing_is_pooled(make_cluster):
 
 
 def record(txid: int, data: bytes) -> bytes:
-    head = WIRE_RECORD_HEAD.pack(txid, 9, 1, 0, txid, 0, len(data))
+    head = FORMAT_2.head.pack(txid, 9, 1, 0, txid, 0, len(data), 1_800_000_000_000 + txid)
     return head + data + CRC.pack(crc32(data))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from waltz_client.wire.records import CRC, WIRE_RECORD_HEAD, crc32
+from waltz_client.wire.records import CRC, FORMAT_2, crc32
 from waltz_client.wire.storage_messages import SuccessResponse
 from waltz_server.store_session import Member, StoreSession
 
@@ -39,7 +39,7 @@ class FakeClient:
 
 
 def record(txid: int, data: bytes = b"x") -> bytes:
-    head = WIRE_RECORD_HEAD.pack(txid, 1, 1, 0, txid, 0, len(data))
+    head = FORMAT_2.head.pack(txid, 1, 1, 0, txid, 0, len(data), 1_800_000_000_000 + txid)
     return head + data + CRC.pack(crc32(data))
 
 

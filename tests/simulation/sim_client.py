@@ -132,7 +132,7 @@ class SimClient:
     def _apply(self, m: FeedRows) -> None:
         core, world = self.core, self.world
         span = core.deliverable(m.rows)
-        for txid, client_id, generation, partition_id, seq, _ in m.rows[span.start : span.stop]:
+        for txid, client_id, generation, partition_id, seq, _, _ in m.rows[span.start : span.stop]:
             req_id = ReqId(client_id, generation, partition_id, seq)
             settled = core.commit_seen(req_id, txid)
             core.delivered(txid)

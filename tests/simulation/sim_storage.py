@@ -26,7 +26,7 @@ from waltz_client.wire.framing import (
     Service,
     negotiate,
 )
-from waltz_client.wire.records import WIRE_RECORD_HEAD, RecordBatch, RecordHeader, ReqId
+from waltz_client.wire.records import DEFAULT_FORMAT, RecordBatch, RecordHeader, ReqId
 from waltz_client.wire.storage_messages import (
     DEFAULT_LIMITS,
     STORAGE_PROTOCOL_VERSIONS,
@@ -53,8 +53,9 @@ class MemoryLog:
 
     def __init__(self, partition_id: int) -> None:
         self.partition_id = partition_id
-        # (txid, wire record, data length, its request: what the simulator compares)
-        self.records: list[tuple[int, bytes, int, ReqId]] = []
+        # (txid, wire record, data length, its request, its commit time: what the
+        # simulator compares)
+        self.records: list[tuple[int, bytes, int, ReqId, int]] = []
 
     @property
     def max_txid(self) -> int:
@@ -65,17 +66,18 @@ class MemoryLog:
         return sum(len(r[1]) for r in self.records)
 
     def append(self, batch: RecordBatch) -> None:
+        batch = batch.convert(DEFAULT_FORMAT)  # as the real node stores them
         expected = self.max_txid + 1
         for i, (txid, _, _) in enumerate(batch.spans):
             if txid != expected + i:
                 raise NonContiguousAppend(f"expected transaction {expected + i}, got {txid}")
         ends = [pos for _, pos, _ in batch.spans[1:]] + [len(batch.buf)]
         for (txid, pos, length), end in zip(batch.spans, ends, strict=True):
-            _, client, generation, partition, seq, _, _ = WIRE_RECORD_HEAD.unpack_from(
-                batch.buf, pos
+            _, client, generation, partition, seq, _, _, timestamp = (
+                DEFAULT_FORMAT.head.unpack_from(batch.buf, pos)
             )
             req_id = ReqId(client, generation, partition, seq)
-            self.records.append((txid, batch.buf[pos:end], length, req_id))
+            self.records.append((txid, batch.buf[pos:end], length, req_id, timestamp))
 
     def sync(self, sync_data: object = None) -> None:
         pass  # durability is modelled by when the node applies an append
@@ -90,7 +92,7 @@ class MemoryLog:
             return RecordBatch(b"", [])
         chosen = self.records[txid : txid + max_records]
         parts, spans, pos = [], [], 0
-        for t, wire, length, _ in chosen:
+        for t, wire, length, _, _ in chosen:
             if spans and pos + len(wire) > max_bytes:
                 break
             spans.append((t, pos, length))

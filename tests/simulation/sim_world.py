@@ -24,8 +24,11 @@ different requests), no logical transaction committed twice, no request a client
 as lost (or refused) ever committed, no gap on a feed, every acknowledged transaction on
 a majority of replicas, every replica's log up to its local low-water mark equal to the
 committed log, and each storage node accepting appends from non-decreasing sessions
-only. At the end every fault heals, and every replica must hold exactly the committed
-log, with every acknowledged transaction in it.
+only; and commit times never decrease along the committed log, though every server's
+clock is off by up to seconds and steps back now and then (drawn from a second random
+stream, so the faults a seed draws stay the same). At the end every fault heals, and
+every replica must hold exactly the committed log, with every acknowledged transaction
+in it.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from sim_storage import SimStorageNode
 
 from waltz_client.cluster.metadata import PartitionMetadata
 from waltz_client.cluster.replica_safety import replica_change_problem, still_needed
-from waltz_client.wire.records import ReqId
+from waltz_client.wire.records import NO_TIMESTAMP, ReqId
 from waltz_client.wire.storage_messages import (
     AppendRequest as StorageAppend,
 )
@@ -61,6 +64,7 @@ from waltz_server.recovery_manager import AssignmentChanged, MetadataConflict, R
 from waltz_server.storage_pool import StoragePool
 
 PARTITION = 0
+EPOCH = 1_800_000_000.0  # the simulated wall clock's start, in seconds since the epoch
 STORAGES = ("s0", "s1", "s2", "s3")  # the partition's replica set is three or four of them
 REPLICAS = 3
 SERVERS = ("a", "b")
@@ -142,6 +146,7 @@ class SimServer:
         self.up = True
         self.session_expired = False  # its ZooKeeper session ended; it has not noticed
         self.cut_since: float | None = None
+        self.clock_error = world.clock_rng.uniform(-3.0, 3.0)  # seconds off the true time
         world.net.listen(name, self.address, self._new_connection)
         self.pool = self._new_pool()
 
@@ -168,8 +173,14 @@ class SimServer:
             if partition is not None:
                 partition.disconnect(conn)
 
+    def wall_clock(self) -> int:
+        """This server's wall clock in ms: the virtual time, off by its clock error."""
+        return int((EPOCH + asyncio.get_running_loop().time() + self.clock_error) * 1000)
+
     def own(self, generation: int) -> None:
         world = self.world
+        if world.clock_rng.random() < 0.3:  # NTP stepped the clock back meanwhile
+            self.clock_error -= world.clock_rng.uniform(0.0, 2.0)
         context = RecoveryContext(
             partition_id=PARTITION,
             generation=generation,
@@ -189,6 +200,7 @@ class SimServer:
             context,
             PartitionSettings(max_queue=200, feed_batch=50, probe_interval=0.5),
             self._superseded,
+            wall_clock=self.wall_clock,
         )
         self.partitions[PARTITION] = partition
         partition.start()
@@ -225,6 +237,8 @@ class World:
         self.lines: list[str] = []
         self.failure: str | None = None
         self.cluster_key = uuid.UUID(int=seed)
+        # The servers' clock errors: their own stream, so the faults drawn stay the same.
+        self.clock_rng = random.Random(seed ^ 0x5EED)
         self.net = SimNetwork(self.rng, self.trace)
         self.zk = SimZooKeeper(self)
         self.storages = [
@@ -315,6 +329,7 @@ class World:
         elif isinstance(request, SetLowWaterMarkRequest):
             for txid in range(_floor(node) + 1):
                 self._check_clean(node, txid)
+            self._check_times(node)
 
     def _check_quorum(self, txid: int) -> None:
         req_id = self.committed[txid]
@@ -329,6 +344,20 @@ class World:
         if known is not None and not _holds(node, txid, known):
             self.fail(f"{node.name} forks at {txid}, below its low-water mark {_floor(node)}")
 
+    def _check_times(self, node: SimStorageNode) -> None:
+        """Commit times never decrease along the log a replica vouches for, and each
+        transaction has one."""
+        records = node.logs[PARTITION].records if PARTITION in node.logs else []
+        previous = NO_TIMESTAMP
+        for txid, _, _, _, timestamp in records[: _floor(node) + 1]:
+            if timestamp == NO_TIMESTAMP or timestamp < previous:
+                self.fail(
+                    f"{node.name}: transaction {txid} committed at {timestamp}, after a "
+                    f"transaction committed at {previous}"
+                )
+                return
+            previous = timestamp
+
     def check(self) -> None:
         """Every invariant, from scratch (at the end)."""
         for txid in self.committed:
@@ -336,6 +365,7 @@ class World:
         for node in self.storages:
             for txid in range(_floor(node) + 1):
                 self._check_clean(node, txid)
+            self._check_times(node)
 
     # --- running ----------------------------------------------------------------------
 

@@ -188,6 +188,14 @@ class SegmentInfo:
     records: int
     size_bytes: int
     modified_ms: int
+    last_commit_ms: int = -1  # its last record's commit time (-1: none, an older record)
+
+    @property
+    def age_from_ms(self) -> int:
+        """When the segment's newest transaction was committed: its own commit time where
+        it has one (the same on every replica, and kept by a copy or a restore), else
+        when the file last changed (a segment of records written before commit times)."""
+        return self.last_commit_ms if self.last_commit_ms >= 0 else self.modified_ms
 
 
 def next_log_start(
@@ -212,8 +220,7 @@ def next_log_start(
     if rule.max_age_seconds is not None:
         oldest_kept = now_ms - rule.max_age_seconds * 1000
         for i, seg in enumerate(sealed):
-            # A sealed segment's file last changed with its last record.
-            if seg.modified_ms < oldest_kept:
+            if seg.age_from_ms < oldest_kept:
                 start = max(start, segments[i + 1].first_txid)
     if rule.max_bytes is not None:
         kept = sum(seg.size_bytes for seg in segments)

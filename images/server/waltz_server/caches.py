@@ -1,8 +1,8 @@
 """The partition's two caches of committed transactions, each bounded in bytes.
 
-The feed cache keeps the packed headers (transaction ID, ReqId, header) of
-the latest committed transactions, contiguous up to the high-water mark, so
-feeds near the head never touch storage. The data cache keeps recently
+The feed cache keeps the packed headers (transaction ID, ReqId, header, commit
+time: ``TIMED_HEADER``) of the latest committed transactions, contiguous up to
+the high-water mark, so feeds near the head never touch storage. The data cache keeps recently
 committed transaction data for lazy fetches, least recently used out first.
 Pure: no I/O, no clocks.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import builtins  # FeedCache.bytes (a property) hides the type in its class's annotations
 from collections import OrderedDict
 
-from waltz_client.wire.records import RECORD_HEADER
+from waltz_client.wire.records import TIMED_HEADER
 
-HEADER_BYTES = RECORD_HEADER.size
+HEADER_BYTES = TIMED_HEADER.size
 _ENTRY_OVERHEAD = 64  # what a cached bytes object costs beyond its payload, roughly
 
 

@@ -38,6 +38,8 @@ from waltz_client.wire.client_messages import (
     ErrorCode,
     ErrorResponse,
     FeedRequest,
+    FindTimeRequest,
+    FindTimeResponse,
     FlushRequest,
     HighWaterMarkRequest,
     HighWaterMarkResponse,
@@ -49,11 +51,13 @@ from waltz_client.wire.client_messages import (
     TransactionDataRequest,
     TransactionDataResponse,
     decode_client_request,
+    record_format,
+    records_in,
 )
 from waltz_client.wire.corked import CorkedWriter
 from waltz_client.wire.errors import describe
 from waltz_client.wire.framing import Service
-from waltz_client.wire.records import ReqId
+from waltz_client.wire.records import DEFAULT_MAX_DATA_BYTES, ReqId
 
 from .client_identity import (
     ACTS_AS_CLIENT,
@@ -428,7 +432,12 @@ class ClientConnectionHandler(PeerConnection):
                     self._error(q, ErrorCode.NOT_OWNER, "this server does not own the partition")
                 elif not self._feeds_full(q, partition, message):
                     partition.subscribe(self, q, message.client_high_water_mark)
-            case TransactionDataRequest() | HighWaterMarkRequest() | ReadRangeRequest():
+            case (
+                TransactionDataRequest()
+                | HighWaterMarkRequest()
+                | ReadRangeRequest()
+                | FindTimeRequest()
+            ):
                 self._start_read(partition, message)
 
     def _not_ready(self, message: ClientMessage) -> None:
@@ -511,6 +520,9 @@ class ClientConnectionHandler(PeerConnection):
             match message:
                 case HighWaterMarkRequest():
                     self.send(HighWaterMarkResponse(q, partition.high_water_mark).encode())
+                case FindTimeRequest(timestamp=time_ms):
+                    found, hwm = await partition.find_time(time_ms)
+                    self.send(FindTimeResponse(q, found, hwm).encode())
                 case TransactionDataRequest(transaction_id=txid):
                     try:
                         data = await partition.transaction_data(txid)
@@ -523,6 +535,10 @@ class ClientConnectionHandler(PeerConnection):
                     batch = await partition.read_range(
                         message.from_transaction_id, message.max_records, message.max_bytes
                     )
+                    # Relayed as read for a client of this version (format 2); checked and
+                    # converted for an older one (format 1: no commit times).
+                    bound = max(self._max_data_bytes, DEFAULT_MAX_DATA_BYTES)
+                    batch = records_in(batch, record_format(self.version), bound)
                     self.send_parts(ReadRangeResponse(q, hwm, batch).encode_parts())
         except asyncio.CancelledError:
             raise

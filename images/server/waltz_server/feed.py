@@ -1,6 +1,7 @@
 """A feed: one connection's stream of a partition's committed transaction headers.
 
-From the client's high-water mark on, in order, from the feed cache or from storage;
+From the client's high-water mark on, in order, from the feed cache or from storage,
+laid out for the connection's protocol version (from 3 on with commit times);
 Mount and Flush answers are queued on it behind the transactions they cover. One task
 per feed, so a slow reader waits for its own socket and stalls nobody else. A feed that
 fails ends its subscription and tells its client (Feed Suspended).
@@ -26,6 +27,9 @@ class ClientConnection(Protocol):
     """What a partition needs of a client connection (server.py implements it)."""
 
     feeds: set[object]  # its subscriptions (feeds and mounts), for its cap
+    # The client protocol version its handshake settled on: from 3 on, feed rows carry
+    # commit times (``encode_feed_data``).
+    version: int
 
     @property
     def closed(self) -> bool: ...
@@ -71,7 +75,9 @@ class FeedSource(Protocol):
 
     def truncated_for(self, txid: int) -> str | None: ...
 
-    async def read_headers(self, start: int, stop: int) -> list[bytes]: ...
+    async def read_headers(self, start: int, stop: int) -> list[bytes]:
+        """Headers ``start..stop`` packed as ``TIMED_HEADER`` ([]: none now)."""
+        ...
 
     def end_truncated(self, sub: Subscription, reason: str) -> None: ...
 
@@ -93,6 +99,7 @@ class Subscription:
         self.mounted = mounted  # by a Mount (answers flushes), not a read-only Feed request
         self.partition = partition
         self.connection = connection
+        self.version = connection.version  # its feed's layout (settled before any request)
         self.req_id = req_id
         self.cursor = client_high_water_mark + 1
         self.markers: deque[tuple[int, bytes]] = deque()
@@ -136,7 +143,7 @@ class Subscription:
 
     def _deliver(self, headers: list[bytes]) -> None:
         """Send the next ``headers`` (from the cursor on) and move past them."""
-        self.connection.send(encode_feed_data(self.req_id, headers))
+        self.connection.send(encode_feed_data(self.req_id, headers, self.version))
         self.cursor += len(headers)
         self.partition.feed_sent += len(headers)
 

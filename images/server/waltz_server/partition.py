@@ -39,8 +39,8 @@ from waltz_client.wire.client_messages import (
 )
 from waltz_client.wire.records import (
     CRC,
+    FORMAT_2,
     RECORD_HEADER,
-    WIRE_RECORD_HEAD,
     RecordBatch,
     ReqId,
     UncheckedRecords,
@@ -49,6 +49,7 @@ from waltz_client.wire.records import (
 
 from . import storage_reads
 from .caches import DataCache, FeedCache
+from .commit_clock import CommitClock, wall_clock_ms
 from .feed import ClientConnection, Subscription
 from .feed_slots import FeedSlots
 from .partition_core import Ignored, LockConflict, PartitionCore, Resolved
@@ -57,6 +58,14 @@ from .session_loop import SessionLoop
 from .store_session import StoreSession
 
 log = logging.getLogger(__name__)
+
+_RECORD_HEAD = FORMAT_2.head  # the records this server writes: each with its commit time
+# A feed's header of a committed record: its first 28 bytes, then its commit time.
+_HEADER_END = RECORD_HEADER.size
+_TIME_START, _TIME_END = FORMAT_2.head_size - 8, FORMAT_2.head_size
+# Clocks further apart than this between owners are worth a warning (commit times stand
+# still meanwhile).
+CLOCK_AHEAD_WARNING_MS = 1000
 
 
 class State(Enum):
@@ -96,8 +105,10 @@ class Partition:
         on_superseded: Callable[[Partition, str], None] = lambda p, why: None,
         observe_commit: Callable[[float], None] = lambda seconds: None,
         retention_policy: Callable[[], RetentionPolicy] = RetentionPolicy,
+        wall_clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.partition_id = context.partition_id
+        self._wall_clock = wall_clock  # ms since the epoch: the commit clock's source
         self.settings = settings
         self._on_superseded = on_superseded
         self._observe_commit = observe_commit
@@ -110,6 +121,7 @@ class Partition:
         )
         self.feed_cache = FeedCache(settings.feed_cache_bytes)
         self.data_cache = DataCache(settings.data_cache_bytes)
+        self.commit_clock = CommitClock()
         self.stats = PartitionStats()
         self.feed_sent = 0
         self._queue: deque[tuple[ClientConnection, object]] = deque()
@@ -246,6 +258,15 @@ class Partition:
         self.log_start = max(self.log_start, session.log_start)
         self.stats.sessions += 1
         resolved = self.core.session_opened(session.high_water_mark, keep_locks)
+        ahead = self.commit_clock.raise_floor(session.last_commit_time, self._wall_clock())
+        if ahead > CLOCK_AHEAD_WARNING_MS:
+            log.warning(
+                "partition %d: the last transaction committed at a time %.1f s ahead of "
+                "this server's clock; commit times stay there until the clock catches up "
+                "(is a server's clock wrong?)",
+                self.partition_id,
+                ahead / 1000,
+            )
         self.feed_cache.reset(session.high_water_mark)
         self.data_cache.drop_above(session.high_water_mark)
         self.state = State.ACTIVE
@@ -364,10 +385,18 @@ class Partition:
         assert session is not None
         txid = decision.transaction_id
         data = m.data
+        commit_time = self.commit_clock.stamp(self._wall_clock())
         record = b"".join(
             (
-                WIRE_RECORD_HEAD.pack(
-                    txid, q.client_id, q.generation, q.partition_id, q.seq, m.header, len(data)
+                _RECORD_HEAD.pack(
+                    txid,
+                    q.client_id,
+                    q.generation,
+                    q.partition_id,
+                    q.seq,
+                    m.header,
+                    len(data),
+                    commit_time,
                 ),
                 data,
                 CRC.pack(crc32(data)),
@@ -433,10 +462,11 @@ class Partition:
 
     def _committed(self, batch: RecordBatch, started: float) -> None:
         buf = batch.buf
-        head = WIRE_RECORD_HEAD.size
+        head = _TIME_END
+        add_header, put_data = self.feed_cache.add, self.data_cache.put
         for txid, pos, length in batch.spans:
-            self.feed_cache.add(txid, buf[pos : pos + RECORD_HEADER.size])
-            self.data_cache.put(txid, buf[pos + head : pos + head + length])
+            add_header(txid, buf[pos : pos + _HEADER_END] + buf[pos + _TIME_START : pos + head])
+            put_data(txid, buf[pos + head : pos + head + length])
         resolved = self.core.committed(batch.last_txid)
         self.stats.committed += len(batch.spans)
         self._observe_commit(asyncio.get_running_loop().time() - started)
@@ -502,6 +532,11 @@ class Partition:
     async def transaction_data(self, txid: int) -> bytes:
         """Committed data of ``txid``. Raises LookupError (not committed) or RuntimeError."""
         return await storage_reads.transaction_data(self, txid)
+
+    async def find_time(self, time_ms: int) -> tuple[int, int]:
+        """The first committed transaction at or after ``time_ms`` and the high-water mark
+        (``storage_reads.find_time``)."""
+        return await storage_reads.find_time(self, time_ms)
 
     async def read_range(
         self, start: int, max_records: int, max_bytes: int

@@ -32,6 +32,7 @@ from waltz_client.wire.storage_client import StorageClient, StorageFailure
 from waltz_client.wire.storage_messages import StorageError
 
 from .catch_up import CatchUpSettings
+from .commit_clock import NO_TIME
 from .recovery import (
     Assessment,
     JoinMode,
@@ -70,6 +71,11 @@ class AssignmentChanged(Exception):
     one. Its metadata must not name a replica that may have left since (the node may
     already have closed the partition, and the next recovery would wait for its vote for
     ever): recover again with the new set."""
+
+
+class OlderStorageNode(ProtocolError):
+    """A storage node of a protocol version without commit times (before 3): this
+    server's records carry them, so it leaves the node out rather than drop them."""
 
 
 class RecoveryStalled(Exception):
@@ -171,6 +177,13 @@ async def _connect(
     client = await StorageClient.connect(
         host, int(port), timeout=ctx.connect_timeout, open_connection=ctx.open_connection
     )
+    if not client.speaks_commit_time:
+        await client.close()
+        raise OlderStorageNode(
+            f"storage {address} speaks storage protocol {client.version}, which stores no "
+            f"commit times; upgrade the storage nodes before the servers (docs/operations.md, "
+            f"Upgrading)"
+        )
     try:
         await _timed(ctx, client.open(ctx.cluster_key, ctx.num_partitions))
         p = ctx.partition_id
@@ -208,6 +221,7 @@ async def _attempt(
         members, lagging = await _admit(
             ctx, session_id, clients, positions, votes, refused, decided
         )
+        last_commit_time = await _last_commit_time(ctx, session_id, members, decided)
         if ctx.pool is not None:
             await _share(ctx, members, shared)
         new_meta = closing_metadata(
@@ -238,6 +252,7 @@ async def _attempt(
         )
         session.lagging = lagging
         session.log_start = meta.log_start
+        session.last_commit_time = last_commit_time
         kept = {id(m.client) for m in members.values()}
         for client in clients.values():
             if id(client) not in kept:
@@ -276,6 +291,9 @@ async def _vote(
         for address, result in zip(missing, results, strict=True):
             if isinstance(result, StorageFailure) and result.error == StorageError.SESSION_FENCED:
                 raise RecoveryStalled(f"a newer session exists: {result}")
+            if isinstance(result, OlderStorageNode):
+                log.warning("partition %d: replica %s left out: %s", p, address, result)
+                continue
             if isinstance(result, BaseException):
                 log.info("partition %d: replica %s unreachable: %s", p, address, describe(result))
                 continue
@@ -368,6 +386,28 @@ async def _admit(
             f"only {len(members)} of {len(ctx.replicas)} replicas are clean at {decided}"
         )
     return members, lagging
+
+
+async def _last_commit_time(
+    ctx: RecoveryContext, session_id: int, members: Mapping[str, Member], decided: int
+) -> int:
+    """The commit time of the last committed transaction, read from a member (each holds
+    every committed one): the floor of the new session's commit clock. NO_TIME when
+    nothing is committed or the record has none (written before commit times)."""
+    if decided < 0:
+        return NO_TIME
+    p = ctx.partition_id
+    for address, member in sorted(members.items()):
+        try:
+            header = await _timed(ctx, member.client.record_header(session_id, p, decided))
+        except StorageFailure as e:
+            if e.error != StorageError.TRANSACTION_NOT_FOUND:
+                raise
+            # Retention skipped this replica past it: another may still hold it.
+            log.info("partition %d: %s has no transaction %d: %s", p, address, decided, e)
+            continue
+        return header.timestamp
+    return NO_TIME
 
 
 async def _share(ctx: RecoveryContext, members: dict[str, Member], shared: list[Member]) -> None:

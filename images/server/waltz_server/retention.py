@@ -52,7 +52,8 @@ async def retention_step(
     if not rule.keeps_everything:
         info = await members[0].client.log_info(session.session_id, p)
         segments = [
-            SegmentInfo(s.first_txid, s.records, s.size_bytes, s.modified_ms) for s in info.segments
+            SegmentInfo(s.first_txid, s.records, s.size_bytes, s.modified_ms, s.last_commit_ms)
+            for s in info.segments
         ]
     start = next_log_start(
         rule,

@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar
 
 from waltz_client.runtime.tasks import wait_for
 from waltz_client.wire.errors import describe
-from waltz_client.wire.records import CRC, WIRE_RECORD_HEAD, RecordBatch, UncheckedRecords
+from waltz_client.wire.records import CRC, FORMAT_2, RecordBatch, UncheckedRecords
 
 from .caches import DataCache, FeedCache
 from .recovery_manager import RecoveryContext
@@ -30,6 +30,7 @@ class ReadSource(Protocol):
     partition_id: int
     feed_cache: FeedCache
     data_cache: DataCache
+    log_start: int
 
     @property
     def session(self) -> StoreSession | None: ...
@@ -52,7 +53,8 @@ async def _within_timeout(source: ReadSource, call: Awaitable[T]) -> T:
 
 
 async def read_headers(source: ReadSource, start: int, stop: int) -> list[bytes]:
-    """Encoded record headers ``start..stop`` for a feed; [] when none can be read now
+    """Record headers ``start..stop`` for a feed, packed as ``TIMED_HEADER`` (the feed
+    cache's); [] when none can be read now
     (after a short pause: the feed asks again)."""
     cached = source.feed_cache.get(start, stop)
     if cached is not None:
@@ -79,7 +81,7 @@ async def read_headers(source: ReadSource, start: int, stop: int) -> list[bytes]
         )
         await asyncio.sleep(0.1)
         return []
-    return [h.encode() for h in headers if h.transaction_id <= stop]
+    return [h.encode(FORMAT_2) for h in headers if h.transaction_id <= stop]
 
 
 async def transaction_data(source: ReadSource, txid: int) -> bytes:
@@ -99,6 +101,21 @@ async def transaction_data(source: ReadSource, txid: int) -> bytes:
     )
     source.data_cache.put(txid, record.data)
     return record.data
+
+
+async def find_time(source: ReadSource, time_ms: int) -> tuple[int, int]:
+    """(the first committed transaction at or after ``time_ms``, the high-water mark it was
+    looked up against): a member's answer (from its segments' times), bounded to what is
+    committed and served (the log start). RuntimeError when no member can answer."""
+    hwm = source.high_water_mark
+    session = source.session
+    member = session.reader(hwm) if session is not None else None
+    if member is None:
+        raise RuntimeError(f"partition {source.partition_id} has no readable replica now")
+    found = await _within_timeout(
+        source, member.client.find_time(session.session_id, source.partition_id, time_ms)
+    )
+    return max(source.log_start, min(found, hwm + 1)), hwm
 
 
 async def read_range(
@@ -140,5 +157,5 @@ def cut_to_bytes(batch: RecordBatch, max_bytes: int) -> RecordBatch:
             break
         spans.append(span)
         size += span[2]
-    end = spans[-1][1] + WIRE_RECORD_HEAD.size + spans[-1][2] + CRC.size
-    return RecordBatch(batch.buf[:end], spans)
+    end = spans[-1][1] + batch.format.head_size + spans[-1][2] + CRC.size
+    return RecordBatch(batch.buf[:end], spans, batch.format)

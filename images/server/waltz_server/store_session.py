@@ -28,6 +28,7 @@ from waltz_client.wire.storage_messages import (
     StorageMessageType,
 )
 
+from .commit_clock import NO_TIME
 from .session_core import Batch, SessionCore
 from .storage_pool import PoolKey, StoragePool
 
@@ -94,6 +95,9 @@ class StoreSession:
         # The session that wrote last before this one (its recovery resolved it; -1:
         # none). The partition keeps its lock table when it ran that session itself.
         self.previous_writer = previous_writer
+        # The commit time of the last committed transaction (recovery reads it; NO_TIME:
+        # none): the partition's commit clock never stamps below it.
+        self.last_commit_time = NO_TIME
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
 
     @property
