@@ -54,6 +54,10 @@ class BlockingWaltzClient:
     def high_water_mark(self, partition_id: int) -> int:
         return self._call(self.client.high_water_mark(partition_id))
 
+    def find_time(self, partition_id: int, timestamp_ms: int) -> int:
+        """``WaltzClient.find_time``."""
+        return self._call(self.client.find_time(partition_id, timestamp_ms))
+
     def transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
         return self._call(self.client.transaction_data(partition_id, transaction_id))
 

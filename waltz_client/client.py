@@ -283,6 +283,7 @@ class WaltzClient:
                 self._on_stream_message,
                 self._stream_closed,
                 self._next_connection_seq,
+                self.config._max_protocol_version,
             )
         return link
 
@@ -471,6 +472,15 @@ class WaltzClient:
             state.learned(mark)
         return mark
 
+    async def find_time(self, partition_id: int, timestamp_ms: int) -> int:
+        """The ID of the partition's first committed transaction whose commit time is at or
+        after ``timestamp_ms`` (ms since the Unix epoch), or its high-water mark + 1 when
+        none is: where a read "from this time on" starts. Never below the log start. A
+        transaction committed before commit times existed counts as earlier than any
+        time. The storage nodes find it through each segment's times, a few reads however
+        long the log. ``WaltzError`` from a server older than client protocol 3."""
+        return await self._rpc.find_time(partition_id, timestamp_ms)
+
     def partition_stats(self) -> dict[int, PartitionStats]:
         """Each partition this client mounts or writes to: the high-water mark it knows
         of, its applied mark, the lag between them (in transactions, and how long the
@@ -516,7 +526,8 @@ class WaltzClient:
         batch_bytes: int = 4 * 1024 * 1024,
     ) -> AsyncGenerator[Record, None]:
         """Committed records ``start..stop`` (inclusive; None: up to the high-water mark
-        when the read reaches it), with their data, in order."""
+        when the read reaches it), with their data and commit time (``Record.timestamp``,
+        ``NO_TIMESTAMP`` where there is none), in order."""
         return self._rpc.read(
             partition_id, start, stop, batch_records=batch_records, batch_bytes=batch_bytes
         )
@@ -537,9 +548,13 @@ class WaltzClient:
         gap below ``start`` or between batches raises: the log has no holes. With a
         ``stop`` and ``in_flight`` > 1, that many requests for consecutive ranges are
         under way at once, so the storage node, the server and this client work on
-        different batches at the same time. ``checked=False`` yields ``UncheckedRecords``
-        whose first ID is the one asked for: the caller must check them
-        (``UncheckedRecords.check``, or as the Spark source converts them)."""
+        different batches at the same time. Checked batches are of record format 2
+        (``Record.timestamp``, ``RecordBatch.timestamps()``: each commit time, or
+        ``NO_TIMESTAMP`` where a record has none, as from a server older than commit
+        times). ``checked=False`` yields ``UncheckedRecords`` as the server sent them
+        (their ``format`` says which) whose first ID is the one asked for: the caller
+        must check them (``UncheckedRecords.check``, or as the Spark source converts
+        them)."""
         return self._rpc.read_batches(
             partition_id,
             start,

@@ -239,8 +239,9 @@ class ClientPartition(Generic[T]):
         span = self.deliverable(rows)
         monitor = self.monitor
         if monitor:
-            for txid, client_id, generation, partition_id, seq, _ in rows[span.start : span.stop]:
-                if client_id == own_client_id:
+            for row in rows[span.start : span.stop]:
+                if row[1] == own_client_id:  # most rows are other clients': not unpacked
+                    txid, client_id, generation, partition_id, seq, _, _ = row
                     req_id = ReqId(client_id, generation, partition_id, seq)
                     taken.settled += monitor.committed(req_id, txid)
         if span.stop > span.start:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from .cluster.paths import normalise_root
 from .runtime.settings import zookeeper_address
 from .runtime.tls import TlsError, TlsFiles
+from .wire.client_messages import SERVER_PROTOCOL_VERSIONS
 
 
 class WaltzConfigError(ValueError):
@@ -34,6 +35,9 @@ class WaltzClientConfig:
     tls: TlsFiles | None = None  # reach servers over TLS (a client certificate for mutual TLS)
     zk_tls: TlsFiles | None = None  # reach ZooKeeper's TLS port
     extra: dict = field(default_factory=dict, compare=False)
+    # Tests only: the newest client protocol version offered to servers (None: this
+    # build's), to act as an older client (2: no commit times).
+    _max_protocol_version: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> WaltzConfigError:
@@ -70,6 +74,12 @@ class WaltzClientConfig:
                 files.check(name, listening=False)
             except TlsError as e:
                 raise bad(name, str(e)) from None
+        cap = self._max_protocol_version
+        if cap is not None and (
+            not isinstance(cap, int) or isinstance(cap, bool) or cap not in SERVER_PROTOCOL_VERSIONS
+        ):
+            lo, hi = SERVER_PROTOCOL_VERSIONS.start, SERVER_PROTOCOL_VERSIONS.stop - 1
+            raise bad("_max_protocol_version", f"expected None or {lo}..{hi}, got {cap!r}")
         if not isinstance(self.feed, bool):
             raise bad("feed", f"expected True or False, got {self.feed!r}")
         for name, low in (("max_outstanding_appends", 1), ("max_retries", 1)):

@@ -31,7 +31,7 @@ from .runtime.tasks import wait_for
 from .server_link import ServerLink
 from .transaction import Transaction, TransactionBuilder
 from .wire.client_messages import ClientMessage, FeedRows, FlushRequest, MountRequest
-from .wire.records import ReqId
+from .wire.records import NO_TIMESTAMP, ReqId
 from .wire.server_connection import ServerConnection
 
 # The client's logger: what a partition does is what the client does.
@@ -426,10 +426,11 @@ class PartitionDriver(Generic[S]):
         p, fetch, loop = core.partition_id, ctx.transaction_data, asyncio.get_running_loop()
         rows = m.rows
         span = core.deliverable(rows)
-        for txid, client_id, generation, partition_id, seq, header in rows[span.start : span.stop]:
+        for row in rows[span.start : span.stop]:
+            txid, client_id, generation, partition_id, seq, header, timestamp = row
             q = ReqId(client_id, generation, partition_id, seq)
             resolutions = commit_seen(q, txid)
-            txn = _transaction(loop, fetch, p, txid, header, q)
+            txn = _transaction(loop, fetch, p, txid, header, q, timestamp)
             try:
                 await call(apply, txn)
             except Exception as e:
@@ -475,14 +476,17 @@ def _transaction(
     txid: int,
     header: int,
     req_id: ReqId,
+    timestamp: int,
 ) -> Transaction:
     """A feed row as the application gets it: its data fetched on first use, from the
-    loop or (``data_blocking``) from a worker thread."""
+    loop or (``data_blocking``) from a worker thread; its commit time None where the row
+    has none (an older server's feed)."""
 
     def blocking() -> bytes:
         return asyncio.run_coroutine_threadsafe(fetch(p, txid), loop).result()
 
-    return Transaction(txid, p, header, req_id, lambda: fetch(p, txid), blocking)
+    time = None if timestamp == NO_TIMESTAMP else timestamp
+    return Transaction(txid, p, header, req_id, lambda: fetch(p, txid), blocking, time)
 
 
 def _resolve(resolutions: list[Resolution[S]]) -> None:

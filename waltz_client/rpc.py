@@ -15,9 +15,12 @@ from .errors import Forbidden, MissingTransactions, WaltzError, truncated
 from .server_link import ServerLink
 from .submit_policy import Backoff
 from .wire.client_messages import (
+    COMMIT_TIME_VERSION,
     ClientMessage,
     ErrorCode,
     ErrorResponse,
+    FindTimeRequest,
+    FindTimeResponse,
     HighWaterMarkRequest,
     HighWaterMarkResponse,
     ReadRangeRequest,
@@ -26,7 +29,14 @@ from .wire.client_messages import (
     TransactionDataResponse,
 )
 from .wire.errors import MalformedMessage
-from .wire.records import DEFAULT_MAX_DATA_BYTES, Record, RecordBatch, ReqId, UncheckedRecords
+from .wire.records import (
+    DEFAULT_FORMAT,
+    DEFAULT_MAX_DATA_BYTES,
+    Record,
+    RecordBatch,
+    ReqId,
+    UncheckedRecords,
+)
 
 # Answers that mean "ask again, maybe elsewhere": the partition moved or is recovering.
 _RETRIED = (ErrorCode.NOT_OWNER, ErrorCode.NOT_READY, ErrorCode.STORAGE_UNAVAILABLE)
@@ -53,9 +63,11 @@ class PartitionRpc:
         make: Callable[[ReqId], ClientMessage],
         *,
         requested: int = 0,  # the transaction asked for (for a TRUNCATED answer)
+        min_version: int = 1,  # the client protocol version the request needs
     ) -> ClientMessage:
         """The owner's answer to ``make(req_id)``, asked again (maybe elsewhere) while the
-        partition moves or recovers; ``WaltzError`` when none came in time."""
+        partition moves or recovers; ``WaltzError`` when none came in time, or at once
+        when the owner speaks a protocol older than ``min_version``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.request_timeout
         backoff = Backoff(self.config.retry_backoff)
@@ -72,6 +84,12 @@ class PartitionRpc:
             link = self._link_to(endpoint)
             try:
                 conn = await link.rpc_connection()
+                if conn.protocol_version < min_version:
+                    raise WaltzError(
+                        f"partition {partition_id}: server {endpoint} speaks client protocol "
+                        f"{conn.protocol_version}, and {type(make(q)).__name__} needs "
+                        f"{min_version}: upgrade the servers"
+                    )
                 remaining = max(0.1, deadline - loop.time())
                 answer = await link.ask(conn, make(q), remaining)
             except (OSError, ConnectionError, TimeoutError) as e:
@@ -90,6 +108,14 @@ class PartitionRpc:
     async def high_water_mark(self, partition_id: int) -> int:
         answer = await self.call(partition_id, HighWaterMarkRequest)
         assert isinstance(answer, HighWaterMarkResponse)
+        return answer.transaction_id
+
+    async def find_time(self, partition_id: int, time_ms: int) -> int:
+        """``WaltzClient.find_time``."""
+        answer = await self.call(
+            partition_id, lambda q: FindTimeRequest(q, time_ms), min_version=COMMIT_TIME_VERSION
+        )
+        assert isinstance(answer, FindTimeResponse)
         return answer.transaction_id
 
     async def transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
@@ -180,8 +206,11 @@ class PartitionRpc:
                     f"(high-water mark {answer.high_water_mark})"
                 )
             return None
-        if checked and isinstance(batch, UncheckedRecords):
-            batch = batch.check(DEFAULT_MAX_DATA_BYTES)
+        if checked:
+            if isinstance(batch, UncheckedRecords):
+                batch = batch.check(DEFAULT_MAX_DATA_BYTES)
+            # Format 2 always: an older server's format-1 records get NO_TIMESTAMP here.
+            batch = batch.convert(DEFAULT_FORMAT)
         first_txid = batch.first_txid
         if first_txid is None:  # unchecked, and not even one record's ID: a bad reply
             raise MalformedMessage(f"range read: {len(batch)} records in {len(batch.buf)} bytes")

@@ -25,8 +25,10 @@ class ServerLink:
         on_stream_message: Callable[[ClientMessage], None],
         on_stream_closed: Callable[[ServerLink, ServerConnection], None],
         next_connection_seq: Callable[[], int],
+        max_version: int | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._max_version = max_version  # the newest protocol version offered (None: ours)
         self._dialer = dialer  # asked at each connect: the server's TLS name may change
         self._on_stream_message = on_stream_message
         self._on_stream_closed = on_stream_closed
@@ -48,6 +50,7 @@ class ServerLink:
                     on_message=self._on_stream_message,
                     open_connection=self._dialer(self.endpoint),
                     feed_rows=True,  # the partitions' feeds read rows
+                    max_version=self._max_version,
                 )
                 self.stream_seq = self._next_connection_seq()
                 conn = self.stream
@@ -68,6 +71,7 @@ class ServerLink:
                     on_message=self._on_rpc_message,
                     open_connection=self._dialer(self.endpoint),
                     check_records=False,  # range reads check them, or their callers do
+                    max_version=self._max_version,
                 )
                 conn = self.rpc
                 spawn(self._watch_rpc(conn), self._tasks, "watching an RPC connection", log)

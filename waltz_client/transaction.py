@@ -4,6 +4,7 @@ committed transactions with lazily fetched data."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ class Lock:
 
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 class Serializer(Protocol):
@@ -124,7 +126,12 @@ class TransactionContext(ABC):
 
 @dataclass
 class Transaction:
-    """A committed transaction as the feed delivers it; the data is fetched on first use."""
+    """A committed transaction as the feed delivers it; the data is fetched on first use.
+
+    ``timestamp``: its commit time in milliseconds since the Unix epoch, assigned by the
+    partition's owner with its ID (never decreasing within a partition); None when the
+    transaction has none (written before commit times, or delivered by a server too old
+    to send them)."""
 
     transaction_id: int
     partition_id: int
@@ -132,8 +139,16 @@ class Transaction:
     req_id: ReqId
     _fetch: Callable[[], Awaitable[bytes]] = field(repr=False)
     _fetch_blocking: Callable[[], bytes] = field(repr=False)
+    timestamp: int | None = None
     _data: bytes | None = field(default=None, repr=False)
     _fetching: asyncio.Future[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def commit_time(self) -> datetime.datetime | None:
+        """``timestamp`` as a timezone-aware UTC datetime (None where it is None)."""
+        if self.timestamp is None:
+            return None
+        return _EPOCH + datetime.timedelta(milliseconds=self.timestamp)  # exact, unlike floats
 
     async def data(self) -> bytes:
         if self._data is None:

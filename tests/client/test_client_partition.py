@@ -23,6 +23,7 @@ from waltz_client.submit_policy import MAX_BACKOFF
 from waltz_client.wire.client_messages import (
     ErrorCode,
     ErrorResponse,
+    FeedRow,
     FeedSuspended,
     FlushResponse,
     LockFailure,
@@ -259,8 +260,8 @@ def test_a_commit_settles_it_and_everything_sent_before() -> None:
     assert len(core.monitor) == 1
 
 
-def row(txid: int, q: ReqId) -> tuple[int, int, int, int, int, int]:
-    return (txid, q.client_id, q.generation, q.partition_id, q.seq, 0)
+def row(txid: int, q: ReqId) -> FeedRow:
+    return (txid, q.client_id, q.generation, q.partition_id, q.seq, 0, 1_700_000_000_000 + txid)
 
 
 def test_take_feed_moves_the_mark_and_settles_our_rows() -> None:

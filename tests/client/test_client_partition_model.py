@@ -72,7 +72,7 @@ class ClientAgainstModelServer(RuleBasedStateMachine):
         time with ``apply_transaction`` raising at ``fail_at``)."""
         core = self.core
         if not core.applies:
-            packed = [(t, q.client_id, q.generation, q.partition_id, q.seq, 0) for t, q in rows]
+            packed = [(t, q.client_id, q.generation, q.partition_id, q.seq, 0, t) for t, q in rows]
             before = core.applied
             taken = core.take_feed(mount, packed, ME)
             self.settle(taken.settled)
@@ -82,7 +82,7 @@ class ClientAgainstModelServer(RuleBasedStateMachine):
             return
         if not core.is_current_feed(mount):
             return
-        packed = [(t, q.client_id, q.generation, q.partition_id, q.seq, 0) for t, q in rows]
+        packed = [(t, q.client_id, q.generation, q.partition_id, q.seq, 0, t) for t, q in rows]
         span = core.deliverable(packed)
         for i in range(span.start, span.stop):
             txid, q = rows[i]

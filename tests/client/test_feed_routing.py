@@ -19,7 +19,7 @@ from waltz_client.client_partition import ClientPartition
 from waltz_client.monitor import Outcome
 from waltz_client.submit_policy import SubmissionRetries
 from waltz_client.wire.client_messages import FeedRows, MountResponse, MountStatus
-from waltz_client.wire.records import ReqId
+from waltz_client.wire.records import NO_TIMESTAMP, ReqId
 
 CLIENT = 7
 MOUNT = ReqId(CLIENT, 1, 0, 1)
@@ -36,7 +36,7 @@ class Applies(WaltzClientCallbacks):
 def feed(*entries: tuple[int, int]) -> FeedRows:
     """Headers of (transaction ID, append seq) written by this client, as its stream
     connection decodes them."""
-    return FeedRows(MOUNT, tuple((t, CLIENT, 1, 0, s, 0) for t, s in entries))
+    return FeedRows(MOUNT, tuple((t, CLIENT, 1, 0, s, 0, NO_TIMESTAMP) for t, s in entries))
 
 
 def producer(callbacks: WaltzClientCallbacks | None = None) -> tuple[WaltzClient, _Partition]:
@@ -111,7 +111,9 @@ def test_a_gap_or_an_old_mounts_feed_settles_nothing() -> None:
         client, state = producer()
         attempt = pending(state, 10)
         state.inbox_waiting = True
-        client._on_stream_message(FeedRows(ReqId(CLIENT, 0, 0, 1), ((0, CLIENT, 1, 0, 10, 0),)))
+        client._on_stream_message(
+            FeedRows(ReqId(CLIENT, 0, 0, 1), ((0, CLIENT, 1, 0, 10, 0, NO_TIMESTAMP),))
+        )
         assert not attempt.done() and state.core.applied == -1  # an older mount's feed
         client._on_stream_message(feed((0, 9), (2, 10)))  # transaction 1 is missing
         assert state.core.applied == 0 and state.remount.is_set()
@@ -131,9 +133,9 @@ def test_other_clients_transactions_move_the_mark_and_settle_nothing_of_ours() -
         attempt = pending(state, 10)
         state.inbox_waiting = True
         other = CLIENT + 1
-        client._on_stream_message(FeedRows(MOUNT, ((0, other, 1, 0, 10, 0),)))
+        client._on_stream_message(FeedRows(MOUNT, ((0, other, 1, 0, 10, 0, NO_TIMESTAMP),)))
         assert state.core.applied == 0 and not attempt.done()
-        rows = ((1, other, 1, 0, 11, 0), (2, CLIENT, 1, 0, 10, 0))
+        rows = ((1, other, 1, 0, 11, 0, 5), (2, CLIENT, 1, 0, 10, 0, 6))
         client._on_stream_message(FeedRows(MOUNT, rows))
         assert state.core.applied == 2
         assert (attempt.result().outcome, attempt.result().transaction_id) == (

@@ -12,11 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from waltz_client.wire.buffers import Reader
 from waltz_client.wire.client_messages import (
     CLIENT_REQUESTS,
+    COMMIT_TIME_VERSION,
     MAX_ERROR_MESSAGE_BYTES,
     MAX_FEED_BATCH,
     MAX_LOCKS,
+    PROTOCOL_VERSION,
     SERVER_PROTOCOL_VERSIONS,
     SERVER_RESPONSES,
     AllocateClientIdRequest,
@@ -30,6 +33,8 @@ from waltz_client.wire.client_messages import (
     FeedRequest,
     FeedRows,
     FeedSuspended,
+    FindTimeRequest,
+    FindTimeResponse,
     FlushRequest,
     FlushResponse,
     HighWaterMarkRequest,
@@ -45,6 +50,8 @@ from waltz_client.wire.client_messages import (
     decode_client_request,
     decode_server_response,
     encode_feed_data,
+    record_format,
+    records_in,
 )
 from waltz_client.wire.errors import (
     ChecksumMismatch,
@@ -56,11 +63,16 @@ from waltz_client.wire.errors import (
 from waltz_client.wire.framing import FrameDecoder, encode_frame
 from waltz_client.wire.records import (
     DEFAULT_MAX_DATA_BYTES,
+    FORMAT_1,
+    FORMAT_2,
+    NO_TIMESTAMP,
     RECORD_HEADER,
+    TIMED_HEADER,
     Record,
     RecordBatch,
     RecordHeader,
     ReqId,
+    UncheckedRecords,
 )
 
 I32 = st.integers(-(2**31), 2**31 - 1)
@@ -74,8 +86,8 @@ DATA = st.one_of(
 )
 REQ_IDS = st.builds(ReqId, I32, I32, I32, I32)
 LOCKS = st.lists(I32, max_size=40).map(tuple)
-HEADERS = st.builds(RecordHeader, I64, REQ_IDS, I32)
-RECORDS = st.builds(Record, I64, REQ_IDS, I32, DATA)
+HEADERS = st.builds(RecordHeader, I64, REQ_IDS, I32, I64)  # with a commit time
+RECORDS = st.builds(Record, I64, REQ_IDS, I32, DATA, I64)
 BATCHES = st.lists(RECORDS, max_size=20).map(RecordBatch.from_records)
 # Up to 1000 characters of at most 4 UTF-8 bytes each: always under the 4096-byte cap.
 TEXT = st.text(max_size=1000)
@@ -87,6 +99,7 @@ MESSAGE_STRATEGIES: dict[type[ClientMessage], st.SearchStrategy[ClientMessage]] 
     TransactionDataRequest: st.builds(TransactionDataRequest, REQ_IDS, I64),
     FlushRequest: st.builds(FlushRequest, REQ_IDS),
     HighWaterMarkRequest: st.builds(HighWaterMarkRequest, REQ_IDS),
+    FindTimeRequest: st.builds(FindTimeRequest, REQ_IDS, I64),
     AllocateClientIdRequest: st.builds(AllocateClientIdRequest, REQ_IDS),
     ReadRangeRequest: st.builds(
         ReadRangeRequest,
@@ -105,6 +118,7 @@ MESSAGE_STRATEGIES: dict[type[ClientMessage], st.SearchStrategy[ClientMessage]] 
     FlushResponse: st.builds(FlushResponse, REQ_IDS, I64),
     LockFailure: st.builds(LockFailure, REQ_IDS, I64),
     HighWaterMarkResponse: st.builds(HighWaterMarkResponse, REQ_IDS, I64),
+    FindTimeResponse: st.builds(FindTimeResponse, REQ_IDS, I64, I64),
     ReadRangeResponse: st.builds(ReadRangeResponse, REQ_IDS, I64, BATCHES),
     ErrorResponse: st.builds(ErrorResponse, REQ_IDS, st.sampled_from(ErrorCode), TEXT),
     ClientIdAllocated: st.builds(ClientIdAllocated, REQ_IDS, st.integers(0, 2**31 - 1)),
@@ -196,12 +210,17 @@ def data_response_body(
     )
 
 
-def wire_record(txid, data, *, req=(0, 0, 0, 0), header=0, length=None, checksum=None) -> bytes:
-    return (
-        struct.pack(">qiiiiii", txid, *req, header, len(data) if length is None else length)
-        + data
-        + (crc(data) if checksum is None else struct.pack(">I", checksum))
-    )
+def wire_record(
+    txid, data, *, req=(0, 0, 0, 0), header=0, length=None, checksum=None, time=None
+) -> bytes:
+    """A record built by hand: format 2 (``time`` after the length; -1 unless given), or
+    format 1 with ``time=False``."""
+    size = len(data) if length is None else length
+    if time is False:
+        head = struct.pack(">qiiiiii", txid, *req, header, size)
+    else:
+        head = struct.pack(">qiiiiiiq", txid, *req, header, size, -1 if time is None else time)
+    return head + data + (crc(data) if checksum is None else struct.pack(">I", checksum))
 
 
 # --- type codes, tables and constants ---------------------------------------------------------
@@ -209,7 +228,7 @@ def wire_record(txid, data, *, req=(0, 0, 0, 0), header=0, length=None, checksum
 
 def test_every_message_class_has_a_strategy():
     assert set(MESSAGE_STRATEGIES) == set(ALL_CLASSES)
-    assert len(CLIENT_REQUESTS) == 8 and len(SERVER_RESPONSES) == 10
+    assert len(CLIENT_REQUESTS) == 9 and len(SERVER_RESPONSES) == 11
     assert not set(CLIENT_REQUESTS) & set(SERVER_RESPONSES)
 
 
@@ -233,6 +252,8 @@ def test_type_codes():
         "ERROR_RESPONSE": 15,
         "ALLOCATE_CLIENT_ID_REQUEST": 16,
         "CLIENT_ID_ALLOCATED": 17,
+        "FIND_TIME_REQUEST": 18,
+        "FIND_TIME_RESPONSE": 19,
     }
     assert {c.__name__: c.TYPE for c in REQUEST_CLASSES} == {
         "MountRequest": 0,
@@ -243,6 +264,7 @@ def test_type_codes():
         "HighWaterMarkRequest": 11,
         "ReadRangeRequest": 13,
         "AllocateClientIdRequest": 16,
+        "FindTimeRequest": 18,
     }
     assert {c.__name__: c.TYPE for c in RESPONSE_CLASSES} == {
         "MountResponse": 1,
@@ -255,6 +277,7 @@ def test_type_codes():
         "ReadRangeResponse": 14,
         "ErrorResponse": 15,
         "ClientIdAllocated": 17,
+        "FindTimeResponse": 19,
     }
 
 
@@ -280,7 +303,8 @@ def test_status_and_error_codes():
 
 
 def test_constants():
-    assert range(1, 3) == SERVER_PROTOCOL_VERSIONS
+    assert range(1, 4) == SERVER_PROTOCOL_VERSIONS
+    assert COMMIT_TIME_VERSION == PROTOCOL_VERSION == 3
     assert MAX_LOCKS == 1024
     assert MAX_FEED_BATCH == 65_536
     assert MAX_ERROR_MESSAGE_BYTES == 4096
@@ -369,11 +393,28 @@ def test_append_request_bytes_built_with_struct():
 
 
 def test_feed_data_bytes():
+    """Version 3: each row is the header, then its commit time."""
     headers = (
-        RecordHeader(100, ReqId(5, 6, 7, 8), 9),
-        RecordHeader(101, ReqId(5, 6, 7, 10), -1),
+        RecordHeader(100, ReqId(5, 6, 7, 8), 9, 0x0000018C0A1B2C3D),
+        RecordHeader(101, ReqId(5, 6, 7, 10), -1),  # no time: -1
     )
     message = FeedData(ReqId(1, 2, 3, 4), headers)
+    assert message.encode() == bytes.fromhex(
+        "0000005d 04"  # length 93 = 1 + 16 + 4 + 2 * 36
+        "00000001 00000002 00000003 00000004"
+        "00000002"
+        "0000000000000064 00000005 00000006 00000007 00000008 00000009 0000018c0a1b2c3d"
+        "0000000000000065 00000005 00000006 00000007 0000000a ffffffff ffffffffffffffff"
+    )
+
+
+def test_feed_data_bytes_of_version_2():
+    """Versions 1 and 2: each row is the header alone (its time is not sent)."""
+    headers = (
+        RecordHeader(100, ReqId(5, 6, 7, 8), 9, 0x0000018C0A1B2C3D),
+        RecordHeader(101, ReqId(5, 6, 7, 10), -1),
+    )
+    message = FeedData(ReqId(1, 2, 3, 4), headers, FORMAT_1)
     assert message.encode() == bytes.fromhex(
         "0000004d 04"  # length 77 = 1 + 16 + 4 + 2 * 28
         "00000001 00000002 00000003 00000004"
@@ -394,11 +435,12 @@ LAYOUT_CASES = [
     (TransactionDataRequest(REQ, 78), struct.pack(">q", 78)),
     (FlushRequest(REQ), b""),
     (HighWaterMarkRequest(REQ), b""),
+    (FindTimeRequest(REQ, 1_800_000_000_123), struct.pack(">q", 1_800_000_000_123)),
     (ReadRangeRequest(REQ, 5, 6, 7), struct.pack(">qii", 5, 6, 7)),
     (MountResponse(REQ, MountStatus.STALE_CONNECTION), b"\x03"),
     (
-        FeedData(REQ, (RecordHeader(1, ReqId(2, 3, 4, 5), 6),)),
-        struct.pack(">i", 1) + struct.pack(">qiiiii", 1, 2, 3, 4, 5, 6),
+        FeedData(REQ, (RecordHeader(1, ReqId(2, 3, 4, 5), 6, 1_700_000_000_123),)),
+        struct.pack(">i", 1) + struct.pack(">qiiiiiq", 1, 2, 3, 4, 5, 6, 1_700_000_000_123),
     ),
     (FeedSuspended(REQ, "moved"), b"\x00\x05moved"),
     (FeedSuspended(REQ, "né"), b"\x00\x03n\xc3\xa9"),
@@ -414,17 +456,21 @@ LAYOUT_CASES = [
     (FlushResponse(REQ, 10), struct.pack(">q", 10)),
     (LockFailure(REQ, 11), struct.pack(">q", 11)),
     (HighWaterMarkResponse(REQ, 12), struct.pack(">q", 12)),
+    (FindTimeResponse(REQ, 40, 99), struct.pack(">qq", 40, 99)),
     (ReadRangeResponse(REQ), struct.pack(">qi", -1, 0)),
     (
         ReadRangeResponse(
             REQ,
             20,
             RecordBatch.from_records(
-                [Record(10, ReqId(1, 2, 3, 4), 7, b"xy"), Record(11, ReqId(1, 2, 3, 5), 8, b"")]
+                [
+                    Record(10, ReqId(1, 2, 3, 4), 7, b"xy", 1_700_000_000_000),
+                    Record(11, ReqId(1, 2, 3, 5), 8, b""),
+                ]
             ),
         ),
         struct.pack(">qi", 20, 2)
-        + wire_record(10, b"xy", req=(1, 2, 3, 4), header=7)
+        + wire_record(10, b"xy", req=(1, 2, 3, 4), header=7, time=1_700_000_000_000)
         + wire_record(11, b"", req=(1, 2, 3, 5), header=8),
     ),
     (ErrorResponse(REQ, ErrorCode.NOT_FOUND, "no"), b"\x03\x00\x02no"),
@@ -446,11 +492,67 @@ def test_layout(message, fields):
 
 @given(REQ_IDS, st.lists(HEADERS, max_size=50))
 def test_encode_feed_data_matches_the_message_encoder(req_id, headers):
-    packed = [h.encode() for h in headers]
-    encoded = encode_feed_data(req_id, packed)
+    packed = [TIMED_HEADER.pack(*_fields(h)) for h in headers]
+    assert packed == [h.encode(FORMAT_2) for h in headers]  # the feed cache's entries
+    encoded = encode_feed_data(req_id, packed, 3)
     assert encoded == FeedData(req_id, tuple(headers)).encode()
     decoded = decode_server_response(*one_frame(FeedData(req_id, tuple(headers))))
     assert decoded == FeedData(req_id, tuple(headers))
+
+
+def _fields(h: RecordHeader) -> tuple[int, ...]:
+    q = h.req_id
+    return (
+        h.transaction_id,
+        q.client_id,
+        q.generation,
+        q.partition_id,
+        q.seq,
+        h.header,
+        h.timestamp,
+    )
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@given(req_id=REQ_IDS, headers=st.lists(HEADERS, max_size=50))
+def test_encode_feed_data_for_an_older_client_leaves_the_times_out(version, req_id, headers):
+    """The same cache entries (TIMED_HEADER) to a version 1 or 2 client: each row's first
+    28 bytes, as that version's FeedData lays them out; decoded, no row has a time."""
+    encoded = encode_feed_data(req_id, [h.encode(FORMAT_2) for h in headers], version)
+    assert encoded == FeedData(req_id, tuple(headers), FORMAT_1).encode()
+    assert encoded == encode_frame(
+        ClientMessageType.FEED_DATA,
+        req_id.encode()
+        + struct.pack(">i", len(headers))
+        + b"".join(RECORD_HEADER.pack(*_fields(h)[:6]) for h in headers),
+    )
+    decoded = decode_server_response(*one_frame_of(encoded), version=version)
+    untimed = tuple(RecordHeader(h.transaction_id, h.req_id, h.header) for h in headers)
+    assert decoded == FeedData(req_id, untimed, FORMAT_1)
+    assert all(h.timestamp == NO_TIMESTAMP for h in decoded.headers)
+
+
+def one_frame_of(encoded: bytes) -> tuple[int, bytes]:
+    (frame,) = FrameDecoder().feed(encoded)
+    return frame
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_encode_feed_data_refuses_rows_that_are_not_timed_headers(version):
+    """A wrongly packed cache entry (28 bytes: no time) never reaches a version 3 client
+    as a frame it cannot read."""
+    short = [RECORD_HEADER.pack(1, 2, 3, 4, 5, 6), RECORD_HEADER.pack(2, 2, 3, 4, 6, 6)]
+    if version < 3:  # their first 28 bytes are all an older client gets
+        decoded = decode_server_response(
+            *one_frame_of(encode_feed_data(REQ, short, version)), version=version
+        )
+        assert [h.transaction_id for h in decoded.headers] == [1, 2]
+        return
+    with pytest.raises(
+        ValueError,
+        match=r"^FeedData: 2 headers packed in 56 bytes; each must be a TIMED_HEADER of 36 bytes$",
+    ):
+        encode_feed_data(REQ, short, version)
 
 
 @given(REQ_IDS, st.lists(HEADERS, max_size=50))
@@ -468,19 +570,18 @@ def test_a_feed_decoded_as_rows_is_the_same_feed(req_id, headers):
 
 
 def test_encode_feed_data_from_struct_packed_headers():
-    packed = [RECORD_HEADER.pack(i, 1, 2, 3, i, -i) for i in range(5)]
-    encoded = encode_feed_data(REQ, packed)
-    assert (
-        encoded
-        == FeedData(REQ, tuple(RecordHeader(i, ReqId(1, 2, 3, i), -i) for i in range(5))).encode()
-    )
-    assert encoded == struct.pack(">IB", 1 + 16 + 4 + 5 * 28, 4) + REQ_BYTES + struct.pack(
+    packed = [TIMED_HEADER.pack(i, 1, 2, 3, i, -i, 1000 + i) for i in range(5)]
+    encoded = encode_feed_data(REQ, packed, 3)
+    headers = tuple(RecordHeader(i, ReqId(1, 2, 3, i), -i, 1000 + i) for i in range(5))
+    assert encoded == FeedData(REQ, headers).encode()
+    assert encoded == struct.pack(">IB", 1 + 16 + 4 + 5 * 36, 4) + REQ_BYTES + struct.pack(
         ">i", 5
     ) + b"".join(packed)
 
 
-def test_encode_feed_data_with_no_headers():
-    assert encode_feed_data(REQ, []) == FeedData(REQ).encode()
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_encode_feed_data_with_no_headers(version):
+    assert encode_feed_data(REQ, [], version) == FeedData(REQ).encode()
 
 
 # --- round trips -----------------------------------------------------------------------------
@@ -732,6 +833,7 @@ FIELD_LAYOUTS = [
     (TransactionDataRequest(REQ, 1), [("TransactionData.transaction_id", 8)]),
     (FlushRequest(REQ), []),
     (HighWaterMarkRequest(REQ), []),
+    (FindTimeRequest(REQ, 5), [("FindTime.timestamp", 8)]),
     (AllocateClientIdRequest(REQ), []),
     (
         ReadRangeRequest(REQ, 1, 2, 3),
@@ -744,7 +846,7 @@ FIELD_LAYOUTS = [
     (MountResponse(REQ, MountStatus.NOT_OWNER), [("MountResponse.status", 1)]),
     (
         FeedData(REQ, (RecordHeader(1, REQ, 2), RecordHeader(2, REQ, 3))),
-        [("FeedData.count", 4), ("FeedData.headers", 56)],
+        [("FeedData.count", 4), ("FeedData.headers", 72)],
     ),
     (
         FeedSuspended(REQ, "moved"),
@@ -772,6 +874,10 @@ FIELD_LAYOUTS = [
     (FlushResponse(REQ, 1), [("FlushResponse.transaction_id", 8)]),
     (LockFailure(REQ, 1), [("LockFailure.transaction_id", 8)]),
     (HighWaterMarkResponse(REQ, 1), [("HighWaterMarkResponse.transaction_id", 8)]),
+    (
+        FindTimeResponse(REQ, 1, 2),
+        [("FindTimeResponse.transaction_id", 8), ("FindTimeResponse.high_water_mark", 8)],
+    ),
     (
         ReadRangeResponse(REQ, 1),
         [("ReadRangeResponse.high_water_mark", 8), ("ReadRangeResponse.count", 4)],
@@ -822,14 +928,14 @@ def test_every_cut_point_of_read_range_records():
     message = ReadRangeResponse(REQ, 9, RecordBatch.from_records(records))
     body = body_of(message)
     first = 16 + 12  # ReqId, high-water mark, count
-    second = first + 32 + 3 + 4
-    assert len(body) == second + 32 + 4
+    second = first + 40 + 3 + 4  # format 2: a 40-byte head
+    assert len(body) == second + 40 + 4
     for cut in range(first, len(body)):
-        if first <= cut < first + 32:
+        if first <= cut < first + 40:
             expected = r"^record 0 of 2: truncated head at offset 0$"
         elif cut < second:
             expected = r"^record 0 \(transaction 7\): data length 3 runs past the frame$"
-        elif cut < second + 32:
+        elif cut < second + 40:
             expected = rf"^record 1 of 2: truncated head at offset {second - first}$"
         else:
             expected = r"^record 1 \(transaction 8\): data length 0 runs past the frame$"
@@ -873,7 +979,7 @@ def test_one_trailing_byte_after_an_empty_body():
 # --- unknown types and the wrong direction ------------------------------------------------------
 
 
-@pytest.mark.parametrize("message_type", [18, 19, 100, 255])
+@pytest.mark.parametrize("message_type", [20, 21, 100, 255])
 def test_unknown_message_type(message_type):
     with pytest.raises(
         UnknownMessageType, match=rf"^message type {message_type} is not a client request$"
@@ -1036,11 +1142,16 @@ def test_feed_data_count_outside_its_bound(count):
 
 
 def test_feed_data_with_fewer_headers_than_counted():
-    body = REQ_BYTES + struct.pack(">i", 2) + struct.pack(">qiiiii", 1, 0, 0, 0, 0, 0)
+    body = REQ_BYTES + struct.pack(">i", 2) + struct.pack(">qiiiiiq", 1, 0, 0, 0, 0, 0, 5)
+    with pytest.raises(
+        MalformedMessage, match=r"^FeedData\.headers: needs 72 bytes at offset 20, only 36 left$"
+    ):
+        decode_server_response(4, body)
+    older = REQ_BYTES + struct.pack(">i", 2) + struct.pack(">qiiiii", 1, 0, 0, 0, 0, 0)
     with pytest.raises(
         MalformedMessage, match=r"^FeedData\.headers: needs 56 bytes at offset 20, only 28 left$"
     ):
-        decode_server_response(4, body)
+        decode_server_response(4, older, version=2)
 
 
 @pytest.mark.parametrize("count", [-1, -(2**31), 1_000_001, 2**31 - 1])
@@ -1054,7 +1165,7 @@ def test_read_range_response_count_outside_its_bound(count):
 
 def test_read_range_response_with_fewer_records_than_counted():
     body = REQ_BYTES + struct.pack(">qi", 0, 3) + wire_record(1, b"a") + wire_record(2, b"b")
-    with pytest.raises(MalformedMessage, match=r"^record 2 of 3: truncated head at offset 74$"):
+    with pytest.raises(MalformedMessage, match=r"^record 2 of 3: truncated head at offset 90$"):
         decode_server_response(14, body)
 
 
@@ -1285,3 +1396,147 @@ def test_the_frame_in_parts_is_the_frame(message):
     assert b"".join(parts) == message.encode()
     if isinstance(message, ReadRangeResponse):
         assert parts[-1] is message.records.buf
+
+
+# --- protocol versions: commit times from version 3 on ------------------------------------------
+
+
+def test_record_format_of_each_version():
+    assert [record_format(v) for v in SERVER_PROTOCOL_VERSIONS] == [FORMAT_1, FORMAT_1, FORMAT_2]
+
+
+@pytest.mark.parametrize("version", [0, 4, -1])
+def test_a_version_this_build_does_not_speak_is_refused(version):
+    with pytest.raises(
+        ValueError,
+        match=rf"^client protocol version {version} is not one this build speaks \(1\.\.3\)$",
+    ):
+        decode_server_response(
+            ClientMessageType.FLUSH_RESPONSE, body_of(FlushResponse(REQ, 1)), version=version
+        )
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+@given(req_id=REQ_IDS, headers=st.lists(HEADERS, max_size=30))
+def test_feed_rows_round_trip_in_each_version(version, req_id, headers):
+    """Version 3 rows keep each commit time; a version 1 or 2 feed has none (every row's
+    time is NO_TIMESTAMP), the rest of each row the same."""
+    fmt = record_format(version)
+    frame = one_frame(FeedData(req_id, tuple(headers), fmt))
+    rows = decode_server_response(*frame, feed_rows=True, version=version)
+    assert type(rows) is FeedRows and rows.fmt is fmt
+    fields = [_fields(h) for h in headers]
+    if version >= 3:
+        assert list(rows.rows) == fields
+    else:
+        assert list(rows.rows) == [(*f[:6], NO_TIMESTAMP) for f in fields]
+    assert all(len(row) == 7 for row in rows.rows)
+    assert rows.encode() == FeedData(req_id, tuple(headers), fmt).encode()
+    objects = decode_server_response(*frame, version=version)
+    assert objects.headers == rows.headers
+    assert [h.timestamp for h in objects.headers] == [r[6] for r in rows.rows]
+
+
+def test_a_version_3_feed_keeps_its_times_and_a_version_2_feed_has_none():
+    headers = (
+        RecordHeader(5, REQ, 1, 1_700_000_000_001),
+        RecordHeader(6, REQ, 2, 1_700_000_000_002),
+    )
+    v3 = decode_server_response(*one_frame(FeedData(REQ, headers)), feed_rows=True, version=3)
+    assert [row[6] for row in v3.rows] == [1_700_000_000_001, 1_700_000_000_002]
+    v2 = decode_server_response(
+        *one_frame(FeedData(REQ, headers, FORMAT_1)), feed_rows=True, version=2
+    )
+    assert [row[6] for row in v2.rows] == [NO_TIMESTAMP, NO_TIMESTAMP]
+    assert [row[:6] for row in v2.rows] == [row[:6] for row in v3.rows]
+
+
+def test_a_version_3_feed_read_as_version_2_is_malformed():
+    """The layouts differ in size: a decoder told the wrong version fails, it does not
+    read garbage."""
+    headers = (RecordHeader(5, REQ, 1, 7), RecordHeader(6, REQ, 2, 8))
+    with pytest.raises(MalformedMessage, match=r"^FeedData: 16 unexpected trailing bytes$"):
+        decode_server_response(*one_frame(FeedData(REQ, headers)), version=2)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(req_id=REQ_IDS, hwm=I64, records=st.lists(RECORDS, max_size=10))
+def test_read_range_response_round_trips_in_each_version(version, req_id, hwm, records):
+    """Version 3 carries format-2 records (with their times), 1 and 2 format-1 records
+    (none): checked or not, the decoder reads the version's format."""
+    fmt = record_format(version)
+    batch = RecordBatch.from_records(records, fmt)
+    frame = one_frame(ReadRangeResponse(req_id, hwm, batch))
+    decoded = decode_server_response(*frame, version=version)
+    assert decoded == ReadRangeResponse(req_id, hwm, batch)
+    assert decoded.records.format is fmt
+    got = list(decoded.records.records())
+    assert [(r.transaction_id, r.req_id, r.header, r.data) for r in got] == [
+        (r.transaction_id, r.req_id, r.header, r.data) for r in records
+    ]
+    expected_times = (
+        [r.timestamp for r in records] if version >= 3 else [NO_TIMESTAMP] * len(records)
+    )
+    assert [r.timestamp for r in got] == expected_times == decoded.records.timestamps()
+    unchecked = decode_server_response(*frame, check_records=False, version=version).records
+    assert isinstance(unchecked, UncheckedRecords) and unchecked.format is fmt
+    assert unchecked.check() == batch
+
+
+def test_a_version_2_range_read_has_format_1_heads():
+    records = [Record(10, ReqId(1, 2, 3, 4), 7, b"xy", 1_700_000_000_000)]
+    batch = RecordBatch.from_records(records, FORMAT_1)
+    body = body_of(ReadRangeResponse(REQ, 20, batch))
+    assert body == REQ_BYTES + struct.pack(">qi", 20, 1) + wire_record(
+        10, b"xy", req=(1, 2, 3, 4), header=7, time=False
+    )
+    (got,) = decode_server_response(14, body, version=2).records.records()
+    assert got == Record(10, ReqId(1, 2, 3, 4), 7, b"xy")  # the time was not sent
+    with pytest.raises(MalformedMessage):  # read as version 3, the heads do not fit
+        decode_server_response(14, body, version=3)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(RECORDS, max_size=15))
+def test_convert_moves_the_bytes_a_re_encoding_would_write(records):
+    for source, target in ((FORMAT_2, FORMAT_1), (FORMAT_1, FORMAT_2)):
+        batch = RecordBatch.from_records(records, source)
+        moved = batch.convert(target)
+        timed = target.version >= 2 and source.version >= 2
+        again = [
+            Record(r.transaction_id, r.req_id, r.header, r.data, r.timestamp if timed else -1)
+            for r in records
+        ]
+        assert moved == RecordBatch.from_records(again, target)
+        assert (
+            moved.format is target and moved.spans == RecordBatch.from_records(again, target).spans
+        )
+        # and the result is a valid batch of that format
+        assert RecordBatch.read(Reader(moved.buf), len(records), fmt=target) == moved
+    same = RecordBatch.from_records(records)
+    assert same.convert(FORMAT_2) is same
+
+
+def test_convert_to_format_2_gives_every_record_no_timestamp():
+    old = RecordBatch.from_records([Record(i, REQ, i, b"d" * i, 99) for i in range(4)], FORMAT_1)
+    assert old.convert(FORMAT_2).timestamps() == [NO_TIMESTAMP] * 4
+
+
+def test_records_in_relays_records_of_the_wanted_format_as_they_are():
+    batch = RecordBatch.from_records([Record(1, REQ, 0, b"abc", 5)])
+    unchecked = UncheckedRecords(batch.buf, 1, FORMAT_2)
+    assert records_in(unchecked, FORMAT_2) is unchecked
+    assert records_in(batch, FORMAT_2) is batch
+
+
+def test_records_in_checks_and_converts_for_an_older_client():
+    records = [Record(1, REQ, 0, b"abc", 5), Record(2, REQ, 1, b"", 6)]
+    batch = RecordBatch.from_records(records)
+    older = records_in(UncheckedRecords(batch.buf, 2, FORMAT_2), FORMAT_1)
+    assert older == RecordBatch.from_records(records, FORMAT_1)
+    assert records_in(batch, FORMAT_1) == older
+    bad = bytearray(batch.buf)
+    bad[-1] ^= 1  # the last record's CRC
+    with pytest.raises(ChecksumMismatch, match=r"^transaction 2: data CRC-32"):
+        records_in(UncheckedRecords(bytes(bad), 2, FORMAT_2), FORMAT_1)

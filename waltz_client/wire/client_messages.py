@@ -2,16 +2,23 @@
 
 Every message starts with a ReqId (client ID, generation, partition ID,
 sequence number): the partition a message is about is its ReqId's. Type
-codes 0-12 follow the original implementation; 13-17 are additions (a bulk
-range read for batch readers, an error response for RPCs, and client-ID
-allocation, protocol version 2). Feed data travels in batches: one frame
-carries many committed transaction headers.
+codes 0-12 follow the original implementation; 13-19 are additions (a bulk
+range read for batch readers, an error response for RPCs, client-ID
+allocation, protocol version 2, and Find Time, version 3). Feed data travels
+in batches: one frame carries many committed transaction headers.
+
+Protocol version 3 carries commit times: a Feed Data row is a ``TIMED_HEADER`` (the
+header, then its commit time) and a Read Range Response's records are of record format
+2. Versions 1 and 2 carry ``RECORD_HEADER`` rows and format-1 records; requests are the
+same in every version. A message's decoder is told the connection's version
+(``decode_server_response(version=...)``); a server sends each client its version's
+layout (``encode_feed_data``, ``records_in``).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar, Self
@@ -21,9 +28,14 @@ from .errors import ChecksumMismatch, MalformedMessage, UnknownMessageType
 from .framing import encode_frame, frame_parts
 from .records import (
     CRC,
+    DEFAULT_FORMAT,
     DEFAULT_MAX_DATA_BYTES,
+    FORMAT_1,
+    NO_TIMESTAMP,
     RECORD_HEADER,
+    TIMED_HEADER,
     RecordBatch,
+    RecordFormat,
     RecordHeader,
     ReqId,
     UncheckedRecords,
@@ -31,14 +43,30 @@ from .records import (
 )
 
 # Versions this build speaks: 2 adds AllocateClientId (a client of a version-1 server
-# draws its ID from ZooKeeper, as clients did before).
-SERVER_PROTOCOL_VERSIONS = range(1, 3)
+# draws its ID from ZooKeeper, as clients did before); 3 adds commit times (feed rows and
+# range-read records carry them).
+SERVER_PROTOCOL_VERSIONS = range(1, 4)
 CLIENT_ID_PROTOCOL_VERSION = 2
+COMMIT_TIME_VERSION = 3
+PROTOCOL_VERSION = SERVER_PROTOCOL_VERSIONS[-1]  # the newest: what decoders assume unless told
+
+
+def record_format(version: int) -> RecordFormat:
+    """The record format (and feed row layout) of a negotiated protocol version: format 2
+    (``TIMED_HEADER`` rows) from version 3 on, else format 1 (``RECORD_HEADER`` rows)."""
+    if version not in SERVER_PROTOCOL_VERSIONS:
+        raise ValueError(
+            f"client protocol version {version} is not one this build speaks "
+            f"({SERVER_PROTOCOL_VERSIONS.start}..{SERVER_PROTOCOL_VERSIONS.stop - 1})"
+        )
+    return DEFAULT_FORMAT if version >= COMMIT_TIME_VERSION else FORMAT_1
+
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U8 = struct.Struct(">B")
 _APPEND_HEAD = struct.Struct(">iiiiq")  # ReqId, client high-water mark
+_FEED_HEAD = 20  # a FeedData body's ReqId and header count
 
 MAX_LOCKS = 1024  # lock hashes of each kind in one append
 MAX_FEED_BATCH = 65_536
@@ -64,6 +92,8 @@ class ClientMessageType(IntEnum):
     ERROR_RESPONSE = 15
     ALLOCATE_CLIENT_ID_REQUEST = 16
     CLIENT_ID_ALLOCATED = 17
+    FIND_TIME_REQUEST = 18  # version 3
+    FIND_TIME_RESPONSE = 19  # version 3
 
 
 class MountStatus(IntEnum):
@@ -107,7 +137,7 @@ class ClientMessage:
         return [self.encode()]
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         return cls(req_id)
 
 
@@ -127,7 +157,7 @@ class MountRequest(ClientMessage):
         return _I64.pack(self.client_high_water_mark) + _I32.pack(self.connection_seq)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         hwm = _high_water_mark(r, "Mount.client_high_water_mark")
         return cls(req_id, hwm, r.i32("Mount.connection_seq"))
 
@@ -216,7 +246,7 @@ class AppendRequest(ClientMessage):
         )
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         plain = r.peek(_APPEND_WITHOUT_LOCKS)
         if plain is not None:
             hwm, n_write, n_read, n_append, header, length = plain
@@ -269,7 +299,7 @@ class FeedRequest(ClientMessage):
         return _I64.pack(self.client_high_water_mark)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         return cls(req_id, _high_water_mark(r, "Feed.client_high_water_mark"))
 
 
@@ -282,7 +312,7 @@ class TransactionDataRequest(ClientMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         return cls(req_id, r.i64("TransactionData.transaction_id"))
 
 
@@ -294,6 +324,22 @@ class FlushRequest(ClientMessage):
 @dataclass(frozen=True, slots=True)
 class HighWaterMarkRequest(ClientMessage):
     TYPE = ClientMessageType.HIGH_WATER_MARK_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class FindTimeRequest(ClientMessage):
+    """The first committed transaction of the partition whose commit time is at or after
+    ``timestamp`` (ms since the Unix epoch); version 3."""
+
+    TYPE = ClientMessageType.FIND_TIME_REQUEST
+    timestamp: int = 0
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.timestamp)
+
+    @classmethod
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
+        return cls(req_id, r.i64("FindTime.timestamp"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +356,7 @@ class ReadRangeRequest(ClientMessage):
         return struct.pack(">qii", self.from_transaction_id, self.max_records, self.max_bytes)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         start = r.i64("ReadRange.from_transaction_id")
         count = r.i32("ReadRange.max_records")
         size = r.i32("ReadRange.max_bytes")
@@ -347,7 +393,7 @@ class MountResponse(ClientMessage):
         return _U8.pack(self.status)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         code = r.u8("MountResponse.status")
         try:
             return cls(req_id, MountStatus(code))
@@ -358,21 +404,26 @@ class MountResponse(ClientMessage):
 @dataclass(frozen=True, slots=True)
 class FeedData(ClientMessage):
     """Committed transaction headers in commit order; ``req_id`` is the Mount's or Feed
-    request's, each header carries the ReqId of the append that wrote it."""
+    request's, each header carries the ReqId of the append that wrote it and (version 3:
+    ``fmt`` FORMAT_2) its commit time. Decoded from a version 1 or 2 feed, every header's
+    time is ``NO_TIMESTAMP``."""
 
     TYPE = ClientMessageType.FEED_DATA
     headers: tuple[RecordHeader, ...] = ()
+    fmt: RecordFormat = DEFAULT_FORMAT  # the connection's (``record_format(version)``)
 
     def _body(self) -> bytes:
-        return _I32.pack(len(self.headers)) + b"".join(h.encode() for h in self.headers)
+        fmt = self.fmt
+        return _I32.pack(len(self.headers)) + b"".join(h.encode(fmt) for h in self.headers)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
-        return cls(req_id, _headers(_feed_rows(r)))
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
+        return cls(req_id, _headers(_feed_rows(r, fmt)), fmt)
 
 
-# A feed's header as unpacked: transaction ID, the ReqId's four fields, header.
-FeedRow = tuple[int, int, int, int, int, int]
+# A feed's header as unpacked: transaction ID, the ReqId's four fields, header, commit
+# time (ms since the Unix epoch; NO_TIMESTAMP from a version 1 or 2 feed).
+FeedRow = tuple[int, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,35 +435,54 @@ class FeedRows(ClientMessage):
 
     TYPE = ClientMessageType.FEED_DATA
     rows: tuple[FeedRow, ...] = ()
+    fmt: RecordFormat = DEFAULT_FORMAT  # the connection's (``record_format(version)``)
 
     def _body(self) -> bytes:
-        return _I32.pack(len(self.rows)) + b"".join(RECORD_HEADER.pack(*row) for row in self.rows)
+        if self.fmt.version >= 2:
+            packed = b"".join(TIMED_HEADER.pack(*row) for row in self.rows)
+        else:
+            packed = b"".join(RECORD_HEADER.pack(*row[:6]) for row in self.rows)
+        return _I32.pack(len(self.rows)) + packed
 
     @property
     def headers(self) -> tuple[RecordHeader, ...]:
         return _headers(self.rows)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
-        return cls(req_id, tuple(_feed_rows(r)))
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
+        return cls(req_id, tuple(_feed_rows(r, fmt)), fmt)
 
 
 def _headers(rows: Iterable[FeedRow]) -> tuple[RecordHeader, ...]:
-    return tuple(RecordHeader(t, ReqId(c, g, p, s), h) for t, c, g, p, s, h in rows)
+    return tuple(RecordHeader(t, ReqId(c, g, p, s), h, ts) for t, c, g, p, s, h, ts in rows)
 
 
-def _feed_rows(r: Reader) -> Iterator[FeedRow]:
+def _feed_rows(r: Reader, fmt: RecordFormat) -> Iterable[FeedRow]:
     n = r.count("FeedData.count", MAX_FEED_BATCH)
-    return RECORD_HEADER.iter_unpack(r.raw(n * RECORD_HEADER.size, "FeedData.headers"))
+    if fmt.version >= 2:  # the hot path: one unpack a row, nothing else
+        return TIMED_HEADER.iter_unpack(r.raw(n * TIMED_HEADER.size, "FeedData.headers"))
+    rows = RECORD_HEADER.iter_unpack(r.raw(n * RECORD_HEADER.size, "FeedData.headers"))
+    return [(*row, NO_TIMESTAMP) for row in rows]  # an older server's: no commit times
 
 
-def encode_feed_data(req_id: ReqId, packed_headers: list[bytes]) -> bytes:
-    """A FeedData frame from headers already packed as RECORD_HEADER (the server's cache
-    keeps them packed, so the hot path builds no objects)."""
-    return encode_frame(
-        ClientMessageType.FEED_DATA,
-        b"".join((req_id.encode(), _I32.pack(len(packed_headers)), *packed_headers)),
-    )
+def encode_feed_data(req_id: ReqId, packed_headers: list[bytes], version: int) -> bytes:
+    """A FeedData frame for a client of protocol ``version`` from headers already packed
+    as ``TIMED_HEADER`` (the server's feed cache keeps them packed, so the hot path builds
+    no objects): version 3 gets them as they are, older versions each one's first 28
+    bytes (``RECORD_HEADER``: the time left out)."""
+    n = len(packed_headers)
+    head = (req_id.encode(), _I32.pack(n))
+    if version >= COMMIT_TIME_VERSION:
+        body, row = b"".join((*head, *packed_headers)), TIMED_HEADER.size
+    else:
+        short = RECORD_HEADER.size
+        body, row = b"".join((*head, *[h[:short] for h in packed_headers])), short
+    if len(body) != _FEED_HEAD + n * row:  # one check a frame: a wrong cache entry
+        raise ValueError(
+            f"FeedData: {n} headers packed in {len(body) - _FEED_HEAD} bytes; each must be "
+            f"a TIMED_HEADER of {TIMED_HEADER.size} bytes"
+        )
+    return encode_frame(ClientMessageType.FEED_DATA, body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,7 +497,7 @@ class FeedSuspended(ClientMessage):
         return pack_string(self.reason, MAX_ERROR_MESSAGE_BYTES)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         return cls(req_id, r.string("FeedSuspended.reason", MAX_ERROR_MESSAGE_BYTES))
 
 
@@ -454,7 +524,7 @@ class TransactionDataResponse(ClientMessage):
         )
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         txid = r.i64("TransactionDataResponse.transaction_id")
         if not r.bool("TransactionDataResponse.success"):
             return cls(req_id, txid, None, r.string("TransactionDataResponse.error", 4096))
@@ -483,7 +553,7 @@ class FlushResponse(ClientMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         return cls(req_id, r.i64("FlushResponse.transaction_id"))
 
 
@@ -499,7 +569,7 @@ class LockFailure(ClientMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         return cls(req_id, r.i64("LockFailure.transaction_id"))
 
 
@@ -512,14 +582,35 @@ class HighWaterMarkResponse(ClientMessage):
         return _I64.pack(self.transaction_id)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         return cls(req_id, r.i64("HighWaterMarkResponse.transaction_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class FindTimeResponse(ClientMessage):
+    """The answer to a FindTimeRequest: the first committed transaction at or after the
+    time (never below the log start), or ``high_water_mark + 1`` when none is; and the
+    high-water mark it was looked up against."""
+
+    TYPE = ClientMessageType.FIND_TIME_RESPONSE
+    transaction_id: int = 0
+    high_water_mark: int = -1
+
+    def _body(self) -> bytes:
+        return _I64.pack(self.transaction_id) + _I64.pack(self.high_water_mark)
+
+    @classmethod
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
+        txid = r.i64("FindTimeResponse.transaction_id")
+        return cls(req_id, txid, r.i64("FindTimeResponse.high_water_mark"))
 
 
 @dataclass(frozen=True, slots=True)
 class ReadRangeResponse(ClientMessage):
     """Consecutive committed records from the requested ID (none when it is above the
-    high-water mark), and the high-water mark when they were read."""
+    high-water mark), and the high-water mark when they were read. The records are of the
+    connection's record format (``record_format(version)``): the sender sees to it
+    (``records_in``), the encoder sends their bytes as they are."""
 
     TYPE = ClientMessageType.READ_RANGE_RESPONSE
     high_water_mark: int = -1
@@ -534,18 +625,34 @@ class ReadRangeResponse(ClientMessage):
         return frame_parts(self.TYPE, head + _I32.pack(len(self.records)), self.records.buf)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         hwm = r.i64("ReadRangeResponse.high_water_mark")
         n = r.count("ReadRangeResponse.count", 1_000_000)
-        return cls(req_id, hwm, RecordBatch.read(r, n, max_data_bytes))
+        return cls(req_id, hwm, RecordBatch.read(r, n, max_data_bytes, fmt))
 
     @classmethod
-    def read_unchecked(cls, r: Reader, req_id: ReqId) -> ReadRangeResponse:
-        """The response with its records counted but not walked (``UncheckedRecords``):
-        a bulk reader checks them where it converts them."""
+    def read_unchecked(
+        cls, r: Reader, req_id: ReqId, fmt: RecordFormat = DEFAULT_FORMAT
+    ) -> ReadRangeResponse:
+        """The response with its records counted but not walked (``UncheckedRecords`` of
+        record format ``fmt``): a bulk reader checks them where it converts them."""
         hwm = r.i64("ReadRangeResponse.high_water_mark")
         n = r.count("ReadRangeResponse.count", 1_000_000)
-        return cls(req_id, hwm, UncheckedRecords(r.rest(), n))
+        return cls(req_id, hwm, UncheckedRecords(r.rest(), n, fmt))
+
+
+def records_in(
+    records: RecordBatch | UncheckedRecords,
+    fmt: RecordFormat,
+    max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+) -> RecordBatch | UncheckedRecords:
+    """``records`` in record format ``fmt``: as they are when they are in it already (a
+    server relaying a storage node's records to a client of its version), else checked
+    (``max_data_bytes``: their data's bound) and converted."""
+    if records.format.version == fmt.version:
+        return records
+    batch = records.check(max_data_bytes) if isinstance(records, UncheckedRecords) else records
+    return batch.convert(fmt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,7 +668,7 @@ class ErrorResponse(ClientMessage):
         return _U8.pack(self.code) + pack_string(self.message, MAX_ERROR_MESSAGE_BYTES)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         code = r.u8("ErrorResponse.code")
         try:
             error = ErrorCode(code)
@@ -581,7 +688,7 @@ class ClientIdAllocated(ClientMessage):
         return _I32.pack(self.client_id)
 
     @classmethod
-    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int) -> Self:
+    def _read_body(cls, r: Reader, req_id: ReqId, max_data_bytes: int, fmt: RecordFormat) -> Self:
         client_id = r.i32("ClientIdAllocated.client_id")
         if client_id < 0:
             raise MalformedMessage(f"ClientIdAllocated.client_id {client_id} is negative")
@@ -599,6 +706,7 @@ CLIENT_REQUESTS: dict[int, type[ClientMessage]] = {
         HighWaterMarkRequest,
         ReadRangeRequest,
         AllocateClientIdRequest,
+        FindTimeRequest,
     )
 }
 SERVER_RESPONSES: dict[int, type[ClientMessage]] = {
@@ -614,6 +722,7 @@ SERVER_RESPONSES: dict[int, type[ClientMessage]] = {
         ReadRangeResponse,
         ErrorResponse,
         ClientIdAllocated,
+        FindTimeResponse,
     )
 }
 
@@ -624,6 +733,7 @@ def _decode(
     message_type: int,
     body: bytes | bytearray | memoryview,
     max_data_bytes: int,
+    fmt: RecordFormat = DEFAULT_FORMAT,
     check_records: bool = True,
     feed_rows: bool = False,
 ) -> ClientMessage:
@@ -634,9 +744,9 @@ def _decode(
         cls = FeedRows
     r = Reader(body)
     if cls is ReadRangeResponse and not check_records:
-        message: ClientMessage = ReadRangeResponse.read_unchecked(r, ReqId.read(r))
+        message: ClientMessage = ReadRangeResponse.read_unchecked(r, ReqId.read(r), fmt)
     else:
-        message = cls._read_body(r, ReqId.read(r), max_data_bytes)
+        message = cls._read_body(r, ReqId.read(r), max_data_bytes, fmt)
     r.expect_end(cls.__name__)
     return message
 
@@ -646,6 +756,7 @@ def decode_client_request(
     body: bytes | bytearray | memoryview,
     max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
 ) -> ClientMessage:
+    """A request, the same in every protocol version."""
     return _decode(CLIENT_REQUESTS, "request", message_type, body, max_data_bytes)
 
 
@@ -656,10 +767,21 @@ def decode_server_response(
     *,
     check_records: bool = True,
     feed_rows: bool = False,
+    version: int = PROTOCOL_VERSION,
 ) -> ClientMessage:
-    """``check_records=False``: a range read's records come as ``UncheckedRecords``, for
-    the reader to check (``UncheckedRecords.check``) where it uses them. ``feed_rows``: a
-    FeedData comes as ``FeedRows``."""
+    """A response on a connection of protocol ``version`` (the handshake's): it says how
+    feed rows and range-read records are laid out. ``check_records=False``: a range
+    read's records come as ``UncheckedRecords``, for the reader to check
+    (``UncheckedRecords.check``) where it uses them. ``feed_rows``: a FeedData comes as
+    ``FeedRows``."""
+    fmt = record_format(version)
     return _decode(
-        SERVER_RESPONSES, "response", message_type, body, max_data_bytes, check_records, feed_rows
+        SERVER_RESPONSES,
+        "response",
+        message_type,
+        body,
+        max_data_bytes,
+        fmt,
+        check_records,
+        feed_rows,
     )

@@ -14,7 +14,12 @@ import logging
 from collections.abc import Callable
 from typing import cast
 
-from .client_messages import SERVER_PROTOCOL_VERSIONS, ClientMessage, decode_server_response
+from .client_messages import (
+    PROTOCOL_VERSION,
+    SERVER_PROTOCOL_VERSIONS,
+    ClientMessage,
+    decode_server_response,
+)
 from .errors import HandshakeError
 from .frame_protocol import FrameProtocol
 from .framing import (
@@ -45,6 +50,7 @@ class ServerConnection:
         max_data_bytes: int,
         check_records: bool = True,
         feed_rows: bool = False,
+        version: int = PROTOCOL_VERSION,
     ) -> None:
         self._writer = writer
         self.endpoint = endpoint
@@ -55,7 +61,8 @@ class ServerConnection:
         self._feed_rows = feed_rows
         self.closed_reason: str | None = None
         self.closed_event = asyncio.Event()
-        self.protocol_version = 1  # as the handshake settled it
+        # As the handshake settled it: how the server lays out feed rows and records.
+        self.protocol_version = version
         self._out: list[bytes] = []
         # The handshake is done and the server sends nothing unasked: from here the
         # socket reads go straight into frame buffers.
@@ -80,24 +87,37 @@ class ServerConnection:
         open_connection: OpenConnection = asyncio.open_connection,
         check_records: bool = True,
         feed_rows: bool = False,
+        max_version: int | None = None,
     ) -> ServerConnection:
         """``check_records=False``: range reads' records arrive unchecked (the caller
         checks them: ``decode_server_response``). ``feed_rows``: feeds arrive as
-        ``FeedRows``."""
+        ``FeedRows``. ``max_version``: the newest protocol version offered (None: the
+        newest this build speaks; a lower one acts as an older client, for tests)."""
         endpoint = f"{host}:{port}"
+        lo, hi = SERVER_PROTOCOL_VERSIONS.start, SERVER_PROTOCOL_VERSIONS.stop - 1
+        if max_version is not None:
+            if max_version not in SERVER_PROTOCOL_VERSIONS:
+                raise ValueError(
+                    f"max_version {max_version!r}: this build speaks protocol versions {lo}..{hi}"
+                )
+            hi = max_version
 
         async def dial() -> ServerConnection:
             reader, writer = await open_connection(host, port)
             try:
-                lo, hi = SERVER_PROTOCOL_VERSIONS.start, SERVER_PROTOCOL_VERSIONS.stop - 1
                 writer.write(Hello(Service.SERVER, lo, hi).encode())
                 reply = HelloReply.decode(await reader.readexactly(HANDSHAKE_BYTES))
                 if reply.status != HandshakeStatus.OK:
                     raise HandshakeError(f"server {endpoint} refused: {reply.status.name}")
+                if not lo <= reply.version <= hi:
+                    raise HandshakeError(
+                        f"server {endpoint} chose protocol version {reply.version}, "
+                        f"outside the {lo}..{hi} offered"
+                    )
             except BaseException:
                 writer.close()
                 raise
-            conn = cls(
+            return cls(
                 writer,
                 endpoint,
                 on_message,
@@ -105,9 +125,8 @@ class ServerConnection:
                 max_data_bytes,
                 check_records,
                 feed_rows,
+                reply.version,
             )
-            conn.protocol_version = reply.version
-            return conn
 
         async with asyncio.timeout(timeout):
             return await dial()
@@ -153,6 +172,7 @@ class ServerConnection:
                 self._max_data_bytes,
                 check_records=self._check_records,
                 feed_rows=self._feed_rows,
+                version=self.protocol_version,
             )
         )
 
