@@ -5,9 +5,12 @@ of whatever size, records larger than a read block included."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import struct
+import zlib
 
 import pytest
 
@@ -15,16 +18,18 @@ from waltz_client.tools.backup.format import (
     CHUNK_HEADER_BYTES,
     MANIFEST_NAME,
     BackupError,
+    ChunkFile,
     ChunkWriter,
     Manifest,
     PartitionBackup,
     SourceCluster,
+    chunk_name,
     leftover_files,
     read_chunk,
     verify_backup,
     with_files,
 )
-from waltz_client.wire.records import Record, RecordBatch, ReqId
+from waltz_client.wire.records import FORMAT_1, NO_TIMESTAMP, Record, RecordBatch, ReqId
 
 
 def records(first: int, count: int, size=lambda i: 5 + i % 7) -> list[Record]:
@@ -193,3 +198,77 @@ def test_leftovers_of_a_stopped_run_are_found(backup):
         f"partition-0/{17:019d}-{20:019d}.chunk",
         f"partition-1/{0:019d}.chunk.tmp",
     ]
+
+
+def timed(rs: list[Record], base: int = 1_800_000_000_000) -> list[Record]:
+    return [
+        Record(r.transaction_id, r.req_id, r.header, r.data, base + r.transaction_id // 3)
+        for r in rs
+    ]
+
+
+def write_format_1_chunk(directory: str, rs: list[Record]) -> ChunkFile:
+    """A chunk as a build before commit times wrote it: magic WALTZBK1, format-1 records."""
+    first, last = rs[0].transaction_id, rs[-1].transaction_id
+    head = struct.pack(">8siqq", b"WALTZBK1", 0, first, last)
+    data = head + struct.pack(">I", zlib.crc32(head)) + RecordBatch.from_records(rs, FORMAT_1).buf
+    name = chunk_name(0, first, last)
+    os.makedirs(os.path.join(directory, "partition-0"), exist_ok=True)
+    with open(os.path.join(directory, name), "wb") as f:
+        f.write(data)
+    return ChunkFile(name, first, last, len(data), hashlib.sha256(data).hexdigest())
+
+
+def test_commit_times_are_kept(tmp_path):
+    directory = str(tmp_path / "backup")
+    make_backup(directory, [timed(records(0, 10)), timed(records(10, 5))])
+    m = verify_backup(directory).manifest
+    assert m.version == 2
+    got = [
+        r for f in m.partitions[0].files for b in read_chunk(directory, 0, f) for r in b.records()
+    ]
+    assert got == timed(records(0, 15))
+    with open(os.path.join(directory, m.partitions[0].files[0].name), "rb") as f:
+        assert f.read(8) == b"WALTZBK2"
+
+
+def test_a_backup_of_an_older_build_still_reads_and_goes_on_in_the_new_format(tmp_path):
+    directory = str(tmp_path / "backup")
+    source = SourceCluster("test", "/waltz", "sha256:000000000000", 2, 3)
+    old = Manifest(
+        source,
+        "2020-01-01T00:00:00.000+00:00",
+        {p: PartitionBackup(p, 0, -1, 0) for p in (0, 1)},
+        version=1,
+    )
+    chunk = write_format_1_chunk(directory, records(0, 8))
+    old.partitions[0] = with_files(old.partitions[0], chunk, 3)
+    old.write(directory)
+    m = verify_backup(directory).manifest
+    assert m.version == 1  # read as it was written: its bytes re-encode the same
+    got = [r for b in read_chunk(directory, 0, chunk) for r in b.records()]
+    assert got == records(0, 8)  # every time NO_TIMESTAMP
+    assert {r.timestamp for r in got} == {NO_TIMESTAMP}
+    # A run of this build appends a format-2 chunk and says so in the manifest.
+    writer = ChunkWriter(directory, 0, 8)
+    writer.append(RecordBatch.from_records(timed(records(8, 4))))
+    m.partitions[0] = with_files(m.partitions[0], writer.finish(), 3)
+    m.version = 2
+    m.write(directory)
+    m = verify_backup(directory).manifest
+    got = [
+        r for f in m.partitions[0].files for b in read_chunk(directory, 0, f) for r in b.records()
+    ]
+    assert got == records(0, 8) + timed(records(8, 4))
+
+
+def test_a_manifest_of_an_unknown_version_is_refused(tmp_path):
+    directory = str(tmp_path / "backup")
+    make_backup(directory, [records(0, 3)])
+    path = os.path.join(directory, MANIFEST_NAME)
+    m = Manifest.read(directory)
+    m.version = 3
+    m.write(directory)
+    with pytest.raises(BackupError, match=r"version 3 is not supported \(this build reads 1, 2\)"):
+        Manifest.read(directory)
+    assert os.path.exists(path)

@@ -28,6 +28,7 @@ from waltz_client.config import WaltzClientConfig
 from waltz_client.wire.records import WIRE_RECORD_HEAD
 
 from .format import (
+    FORMAT_VERSION,
     MANIFEST_NAME,
     BackupError,
     ChunkWriter,
@@ -155,6 +156,9 @@ async def run_backup(
         )
         new_partitions = set(manifest.partitions)
         manifest.write(directory)
+    # This run writes chunks of format 2 (an older build's backup goes on with them; its
+    # manifest then says so, and that build no longer reads it).
+    manifest.version = FORMAT_VERSION
     result = BackupResult(directory, manifest, removed_leftovers=removed)
     async with WaltzClient(config) as client:
         marks = await asyncio.gather(
@@ -309,7 +313,7 @@ async def _copy_range(
                 writer = ChunkWriter(directory, p, batch.first_txid)
             writer.append(batch)
             buf = batch.buf
-            for _, pos, _ in batch.spans:
+            for _, pos, _ in batch.spans:  # the generation: the same place in both formats
                 generation = max(generation, WIRE_RECORD_HEAD.unpack_from(buf, pos)[2])
             if writer.bytes >= settings.chunk_bytes:
                 seal()

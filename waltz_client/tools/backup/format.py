@@ -10,11 +10,16 @@ Layout (docs/backup.md has the full description)::
         partition-1/
         ...
 
-A chunk file is a 32-byte header, ``magic "WALTZBK1" | i32 partition | i64 first |
-i64 last | u32 CRC-32 of the 28 bytes before``, then the records ``first..last`` back to
-back in the wire layout of ``waltz_client.wire.records`` (i64 transaction ID, ReqId as
-4 x i32, i32 header, i32 data length, data, u32 CRC-32 of the data), exactly as a range
-read returned them. The manifest lists every chunk with its size and SHA-256, and
+A chunk file is a 32-byte header, ``magic | i32 partition | i64 first | i64 last |
+u32 CRC-32 of the 28 bytes before``, then the records ``first..last`` back to back in
+the wire layout of ``waltz_client.wire.records``, exactly as a range read returned them.
+The magic names the record format: ``"WALTZBK2"``, format 2 (i64 transaction ID, ReqId
+as 4 x i32, i32 header, i32 data length, i64 commit time, data, u32 CRC-32 of the
+data), what this build writes; ``"WALTZBK1"``, format 1 (no commit time), what backups
+of manifest version 1 hold and this build still reads. A manifest of version 2 may list
+chunks of both kinds (a backup begun by an older build, continued by this one).
+
+The manifest lists every chunk with its size and SHA-256, and
 carries the SHA-256 of its own content, so any changed byte of any file is found and
 the file named.
 """
@@ -33,13 +38,23 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from waltz_client.runtime.files import fsync_directory
-from waltz_client.wire.records import CRC, DEFAULT_MAX_DATA_BYTES, WIRE_RECORD_HEAD, RecordBatch
+from waltz_client.wire.records import (
+    CRC,
+    DEFAULT_FORMAT,
+    DEFAULT_MAX_DATA_BYTES,
+    FORMAT_1,
+    FORMAT_2,
+    RecordBatch,
+    RecordFormat,
+)
 
 MANIFEST_NAME = "waltz-backup.json"
 FORMAT_NAME = "waltz-backup"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this build writes: chunks may hold records with commit times
+READ_VERSIONS = (1, 2)
 
-CHUNK_MAGIC = b"WALTZBK1"
+CHUNK_MAGIC = b"WALTZBK2"  # what this build writes: records of format 2
+CHUNK_FORMATS = {b"WALTZBK1": FORMAT_1, CHUNK_MAGIC: FORMAT_2}
 _CHUNK_HEAD = struct.Struct(">8siqq")
 CHUNK_HEADER_BYTES = _CHUNK_HEAD.size + CRC.size  # 32
 CHUNK_SUFFIX = ".chunk"
@@ -125,13 +140,16 @@ class Manifest:
     created: str
     partitions: dict[int, PartitionBackup]
     runs: list[dict[str, Any]] = field(default_factory=list)
+    # As read (1: an older build's backup, every chunk of format 1); a run of this build
+    # writes FORMAT_VERSION.
+    version: int = FORMAT_VERSION
 
     # --- encoding ---
 
     def body(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": self.version,
             "created": self.created,
             "source": {
                 "name": self.source.name,
@@ -223,10 +241,11 @@ class Manifest:
             raise TypeError("the manifest is not an object")
         if body.get("format") != FORMAT_NAME:
             raise ValueError(f"format {body.get('format')!r} is not {FORMAT_NAME!r}")
-        if body.get("version") != FORMAT_VERSION:
+        version = body.get("version")
+        if version not in READ_VERSIONS:
             raise ValueError(
-                f"version {body.get('version')!r} is not supported (this build reads "
-                f"{FORMAT_VERSION})"
+                f"version {version!r} is not supported (this build reads "
+                f"{', '.join(map(str, READ_VERSIONS))})"
             )
         src = body["source"]
         source = SourceCluster(
@@ -261,7 +280,7 @@ class Manifest:
         runs = body["runs"]
         if not isinstance(runs, list):
             raise TypeError("runs is not a list")
-        return cls(source, _str(body, "created"), partitions, runs)
+        return cls(source, _str(body, "created"), partitions, runs, version)
 
     def problem(self) -> str | None:
         """Why the manifest does not describe a gap-free backup of every partition."""
@@ -336,6 +355,7 @@ class ChunkWriter:
         self.bytes += len(data)
 
     def append(self, batch: RecordBatch) -> None:
+        batch = batch.convert(DEFAULT_FORMAT)  # as the magic says (a no-op from a new server)
         if batch.first_txid != self.last + 1:
             raise BackupError(
                 f"partition {self.partition}: got transaction {batch.first_txid}, "
@@ -408,9 +428,12 @@ def read_chunk(
         sha = hashlib.sha256()
         head = f.read(CHUNK_HEADER_BYTES)
         sha.update(head)
+        if len(head) < CHUNK_HEADER_BYTES:
+            raise BackupError(f"{path}: damaged header (cut short)")
         magic, p, first, last = _CHUNK_HEAD.unpack_from(head)
         (crc,) = CRC.unpack_from(head, _CHUNK_HEAD.size)
-        if magic != CHUNK_MAGIC or zlib.crc32(head[: _CHUNK_HEAD.size]) != crc:
+        fmt = CHUNK_FORMATS.get(magic)
+        if fmt is None or zlib.crc32(head[: _CHUNK_HEAD.size]) != crc:
             raise BackupError(f"{path}: damaged header (magic or CRC-32 mismatch)")
         if (p, first, last) != (partition, chunk.first, chunk.last):
             raise BackupError(
@@ -431,13 +454,13 @@ def read_chunk(
                 eof = True
             buf = rest + data if rest else data
             spans, used, generation = _scan(
-                buf, expected, last, offset, path, max_data_bytes, final=eof
+                buf, expected, last, offset, path, max_data_bytes, fmt, final=eof
             )
             max_generation = max(max_generation, generation)
             if spans:
                 if pending is not None:
                     yield pending
-                pending = RecordBatch(buf[:used], spans)
+                pending = RecordBatch(buf[:used], spans, fmt)
                 expected = spans[-1][0] + 1
             rest = buf[used:]
             offset += used
@@ -468,19 +491,21 @@ def _scan(
     offset: int,
     path: str,
     max_data_bytes: int,
+    fmt: RecordFormat,
     *,
     final: bool,
 ) -> tuple[list[tuple[int, int, int]], int, int]:
-    """Whole records at the start of ``buf``: (spans, bytes used, highest generation).
-    An incomplete record at the end is left for the next read, unless ``final``."""
+    """Whole records (of record format ``fmt``) at the start of ``buf``: (spans, bytes
+    used, highest generation). An incomplete record at the end is left for the next
+    read, unless ``final``."""
     spans: list[tuple[int, int, int]] = []
-    head = WIRE_RECORD_HEAD
+    head = fmt.head
     pos = 0
     end = len(buf)
     generation = 0
     view = memoryview(buf)
     while expected <= last and end - pos >= head.size:
-        txid, _, gen, _, _, _, length = head.unpack_from(buf, pos)
+        txid, _, gen, _, _, _, length, *_ = head.unpack_from(buf, pos)
         if txid != expected:
             raise BackupError(
                 f"{path}: transaction {txid} at offset {offset + pos} where {expected} "
