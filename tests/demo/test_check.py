@@ -55,6 +55,7 @@ def test_a_transaction_whose_data_cannot_be_fetched_is_applied_when_delivered_ag
 
         def __init__(self, txid: int, data: bytes, failures: int) -> None:
             self.transaction_id, self._data, self._failures = txid, data, failures
+            self.timestamp = 1_800_000_000_000 + txid
 
         async def data(self) -> bytes:
             if self._failures:
@@ -75,3 +76,29 @@ def test_a_transaction_whose_data_cannot_be_fetched_is_applied_when_delivered_ag
     follower = asyncio.run(scenario())
     assert follower.seen == {b"ten": [(0, 10)], b"eleven": [(0, 11)]}
     assert follower.gaps == [] and follower.applied == {0: 11}
+    assert follower.times == {(0, 10): 1_800_000_000_010, (0, 11): 1_800_000_000_011}
+    assert follower.backwards == []
+
+
+def test_the_check_notices_a_commit_time_going_back() -> None:
+    import asyncio
+
+    from waltz_client.tools.demo.check import _Follower
+
+    class Delivered:
+        partition_id = 0
+
+        def __init__(self, txid: int, stamp: int | None) -> None:
+            self.transaction_id, self.timestamp = txid, stamp
+
+        async def data(self) -> bytes:
+            return b"%d" % self.transaction_id
+
+    async def scenario() -> _Follower:
+        follower = _Follower({0: -1})
+        for txid, stamp in enumerate((None, 5_000, 5_000, 4_999, 6_000)):
+            await follower.apply_transaction(Delivered(txid, stamp))
+        return follower
+
+    follower = asyncio.run(scenario())
+    assert follower.backwards == ["partition 0: transaction 3 committed at 4999, after one at 5000"]

@@ -3,7 +3,8 @@
 Appends transactions with write locks on a few shared keys (so that lock conflicts and
 retries happen), while a second client follows the committed feed; then checks that
 every acknowledged transaction reached the feed exactly once, in gap-free order per
-partition, and reads back with its data through a range read. Exit 0 when all holds.
+partition, with a commit time that never goes back (where the servers stamp them), and
+reads back with its data and the same time through a range read. Exit 0 when all holds.
 The Helm chart's ``helm test`` runs it; so can anyone with the cluster's address.
 """
 
@@ -70,6 +71,9 @@ class _Follower(WaltzClientCallbacks):
         self.applied = dict(start)
         self.seen: dict[bytes, list[tuple[int, int]]] = {}  # payload -> (partition, id)
         self.gaps: list[str] = []
+        self.times: dict[tuple[int, int], int | None] = {}  # (partition, id) -> commit time
+        self.last_time: dict[int, int] = {}  # partition -> the latest commit time seen
+        self.backwards: list[str] = []
 
     async def client_high_water_mark(self, partition_id: int) -> int:
         return self.applied[partition_id]
@@ -83,6 +87,15 @@ class _Follower(WaltzClientCallbacks):
             self.gaps.append(f"partition {p}: {txid} after {self.applied[p]}")
         self.applied[p] = txid
         self.seen.setdefault(data, []).append((p, txid))
+        stamp = transaction.timestamp
+        self.times[p, txid] = stamp
+        if stamp is not None:
+            if stamp < self.last_time.get(p, stamp):
+                self.backwards.append(
+                    f"partition {p}: transaction {txid} committed at {stamp}, after one at "
+                    f"{self.last_time[p]}"
+                )
+            self.last_time[p] = max(stamp, self.last_time.get(p, stamp))
 
 
 def _files(args: argparse.Namespace, prefix: str) -> TlsFiles | None:
@@ -134,6 +147,7 @@ async def _check(args: argparse.Namespace) -> list[str]:
             if len(seen) != 1 or seen[0][1] != txid:
                 problems.append(f"{payload.decode()}: committed as {txid}, in the feed {seen}")
         problems += [f"feed gap: {g}" for g in follower.gaps]
+        problems += [f"commit time went back: {b}" for b in follower.backwards]
         read_back = 0
         for p in (p for p in partitions if ends[p] > start[p]):
             async for record in writer.read(p, start[p] + 1, ends[p]):
@@ -141,6 +155,13 @@ async def _check(args: argparse.Namespace) -> list[str]:
                     read_back += 1
                     if committed[record.data] != record.transaction_id:
                         problems.append(f"range read: {record.data.decode()} at the wrong ID")
+                    fed = follower.times.get((p, record.transaction_id))
+                    read_time = None if record.timestamp < 0 else record.timestamp
+                    if fed != read_time:
+                        problems.append(
+                            f"range read: {record.data.decode()} committed at {read_time}, "
+                            f"the feed said {fed}"
+                        )
         if read_back != len(committed):
             problems.append(f"range reads found {read_back} of {len(committed)} transactions")
     print(
