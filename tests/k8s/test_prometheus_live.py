@@ -407,11 +407,12 @@ class Put(TransactionContext):
 
 
 def write_transactions(cluster: Any, count: int) -> None:
-    """``count`` transactions to each partition, one partition after the other: a storage
-    node's write group then holds one partition's appends, which get the partition's own
-    fsync (timed by waltz_storage_fsync_seconds, the dashboard's fsync latency); appends
-    of several partitions in one group share a group sync, timed by
-    waltz_storage_group_sync_seconds instead."""
+    """``count`` transactions to each partition, one partition after the other, then
+    ``count`` to every partition at once. In the first, a storage node's write group
+    holds one partition's appends, which get the partition's own fsync (timed by
+    waltz_storage_fsync_seconds); in the second, appends of several partitions share a
+    group sync (timed by waltz_storage_group_sync_seconds). The dashboard's fsync panel
+    shows both."""
 
     async def write() -> None:
         config = WaltzClientConfig(
@@ -423,6 +424,10 @@ def write_transactions(cluster: Any, count: int) -> None:
                     *(client.submit(Put(partition)) for _ in range(count))
                 )
                 assert {r.status for r in results} == {SubmitStatus.COMMITTED}, results
+            together = await asyncio.gather(
+                *(client.submit(Put(p)) for p in range(PARTITIONS) for _ in range(count))
+            )
+            assert {r.status for r in together} == {SubmitStatus.COMMITTED}, together
 
     asyncio.run(write())
 
