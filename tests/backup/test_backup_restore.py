@@ -37,7 +37,7 @@ from waltz_client.tools.cli import main as waltz_main
 from waltz_client.tools.demo.common import FAST_FAILOVER
 from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.transaction import Transaction, TransactionBuilder, TransactionContext
-from waltz_client.wire.records import Record
+from waltz_client.wire.records import NO_TIMESTAMP, Record
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -240,7 +240,8 @@ def test_round_trip_under_load_incremental_and_restore(make_cluster, zookeeper, 
         assert code == 0, err
         target.start()
         restored = asyncio.run(read_all(target))
-        assert restored == source_log  # every record: ID, ReqId, header, data
+        assert restored == source_log  # every record: ID, ReqId, header, data, commit time
+        assert all(r.timestamp != NO_TIMESTAMP for rs in restored.values() for r in rs)
 
         zk = connect(target.zookeeper_connect)
         try:
