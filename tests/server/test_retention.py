@@ -191,3 +191,23 @@ def test_age_retention_keeps_the_segment_being_written(cluster):
     start = wait_for(lambda: log_start(cluster), what="the log start to move")
     assert 50 < start <= 62  # only the last (active) segment, written just now, stays
     wait_for(lambda: len(segment_firsts(cluster, 0)) <= 2, what="old segments to go")
+
+
+def test_age_retention_goes_by_the_commit_times_not_the_files(cluster):
+    """Segment files a catch-up copy or a restore rewrote are new; their transactions are
+    not. Retention by age goes by the transactions' own commit times."""
+    asyncio.run(append(cluster, 0, 60))
+    time.sleep(2.5)
+    asyncio.run(append(cluster, 60, 2))
+    now = time.time()
+    for i in range(3):
+        directory = os.path.join(cluster.data_dir, f"storage-{i}", "0")
+        for name in os.listdir(directory):
+            os.utime(os.path.join(directory, name), (now, now))  # every file "just written"
+    cluster_admin(
+        cluster,
+        admin.update_retention,
+        lambda p: p.with_rule([0], RetentionRule(max_age_seconds=2)),
+    )
+    start = wait_for(lambda: log_start(cluster), what="the log start to move")
+    assert 50 < start <= 62
