@@ -23,7 +23,14 @@ def filled(cluster):
 
 def test_a_batch_read_equals_the_client_range_reads(spark, filled, source_options):
     df = read(spark, source_options, maxTransactionsPerSplit="70")
-    assert df.columns == ["partition", "transaction_id", "header", "data", "client_id"]
+    assert df.columns == [
+        "partition",
+        "transaction_id",
+        "header",
+        "data",
+        "client_id",
+        "timestamp",  # after the others: positional code keeps working
+    ]
     expected = sorted(log_rows(filled))
     assert len(expected) >= 600
     assert spark_rows(df) == expected

@@ -21,7 +21,8 @@ def test_the_ceiling_source_yields_the_rows_asked_for(spark):
     row = df.agg(F.count("*"), F.sum(F.length("data")), F.countDistinct("transaction_id")).first()
     assert tuple(row) == (10001, 10001 * 100, 700)  # batches of 700 rows, reused
     assert df.schema.simpleString() == (
-        "struct<partition:int,transaction_id:bigint,header:int,data:binary,client_id:bigint>"
+        "struct<partition:int,transaction_id:bigint,header:int,data:binary,client_id:bigint,"
+        "timestamp:timestamp>"
     )
 
 

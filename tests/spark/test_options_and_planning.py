@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from waltz_client.spark.options import (
+    ByTime,
     WaltzOptionError,
     parse_read_options,
     parse_write_options,
@@ -20,6 +21,7 @@ from waltz_client.spark.planning import (
     limit_offsets,
     plan_splits,
     resolve,
+    resolve_by_time,
 )
 
 ZK = {"zookeeper": "127.0.0.1:2181"}
@@ -72,12 +74,176 @@ def test_partitions_offsets_and_limits_are_parsed():
         ({**ZK, "requestTimeout": "-1"}, False, "requestTimeout: expected a positive"),
         ({**ZK, "zkRoot": "/"}, False, "zkRoot: the cluster root must name a znode"),
         ({**ZK, "startingOffset": "earliest"}, False, "unknown option 'startingoffset'"),
+        # Positions by commit time (ms since the Unix epoch).
+        ({**ZK, "startingTimestamp": "yesterday"}, False, "startingTimestamp: expected an integer"),
+        ({**ZK, "startingTimestamp": "-1"}, True, "startingTimestamp: expected an integer from 0"),
+        ({**ZK, "startingTimestamp": "1.5e12"}, False, "startingTimestamp: expected an integer"),
+        ({**ZK, "endingTimestamp": ""}, False, "endingTimestamp: expected an integer"),
+        ({**ZK, "startingOffsetsByTimestamp": "{"}, False, "startingOffsetsByTimestamp: not valid"),
+        (
+            {**ZK, "startingOffsetsByTimestamp": "[1]"},
+            False,
+            "startingOffsetsByTimestamp: expected a JSON object of partition -> commit time",
+        ),
+        (
+            {**ZK, "startingOffsetsByTimestamp": '{"x": 1}'},
+            False,
+            "startingOffsetsByTimestamp: 'x' is not a partition ID",
+        ),
+        (
+            {**ZK, "startingOffsetsByTimestamp": '{"0": -2}'},
+            True,
+            "startingOffsetsByTimestamp: partition 0: expected a commit time >= 0",
+        ),
+        (
+            {**ZK, "endingOffsetsByTimestamp": '{"1": "1700000000000"}'},
+            False,
+            "endingOffsetsByTimestamp: partition 1: expected a commit time >= 0",
+        ),
+        (
+            {**ZK, "endingOffsetsByTimestamp": '{"1": true}'},
+            False,
+            "endingOffsetsByTimestamp: partition 1: expected a commit time",
+        ),
+        (
+            {**ZK, "startingTimestamp": "2000", "endingTimestamp": "1000"},
+            False,
+            "endingTimestamp: 1000 is before startingTimestamp 2000",
+        ),
+        (
+            {
+                **ZK,
+                "startingOffsetsByTimestamp": '{"0": 10, "1": 3000}',
+                "endingTimestamp": "2000",
+            },
+            False,
+            "endingTimestamp: partition 1: 2000 is before startingOffsetsByTimestamp 3000",
+        ),
+        (
+            {
+                **ZK,
+                "startingTimestamp": "3000",
+                "endingOffsetsByTimestamp": '{"0": 5000, "1": 2999}',
+            },
+            False,
+            "endingOffsetsByTimestamp: partition 1: 2999 is before startingTimestamp 3000",
+        ),
+        ({**ZK, "endingTimestamp": "5"}, True, "endingTimestamp: applies to batch reads only"),
+        (
+            {**ZK, "endingOffsetsByTimestamp": '{"0": 5}'},
+            True,
+            "endingOffsetsByTimestamp: applies to batch reads only",
+        ),
+        (
+            {**ZK, "startingOffsetsByTimestampStrategy": "earliest"},
+            False,
+            "startingOffsetsByTimestampStrategy: expected error or latest, got 'earliest'",
+        ),
+        # An option a higher one overrides is still checked.
+        (
+            {**ZK, "startingTimestamp": "5", "startingOffsetsByTimestamp": "{}"},
+            False,
+            "startingOffsetsByTimestamp: expected a JSON object",
+        ),
+        (
+            {**ZK, "startingTimestamp": "5", "startingOffsets": "now"},
+            False,
+            "startingOffsets: expected earliest, latest",
+        ),
     ],
 )
 def test_bad_read_options_name_the_option(options, streaming, message):
     with pytest.raises(WaltzOptionError) as e:
         parse_read_options(options, streaming=streaming)
     assert message in str(e.value)
+
+
+def test_positions_by_time_take_precedence_as_in_kafka():
+    o = parse_read_options(
+        {**ZK, "startingTimestamp": "1700000000000", "endingTimestamp": " 1700000005000 "},
+        streaming=False,
+    )
+    assert o.starting == ByTime("startingTimestamp", 1_700_000_000_000)
+    assert o.ending == ByTime("endingTimestamp", 1_700_000_005_000)
+    assert o.by_timestamp_strategy == "error"  # the default, as in Kafka
+    # startingTimestamp over startingOffsetsByTimestamp over startingOffsets (ending too).
+    o = parse_read_options(
+        {
+            **ZK,
+            "startingOffsets": '{"0": 4}',
+            "startingOffsetsByTimestamp": '{"0": 20, "1": 30}',
+            "startingTimestamp": "10",
+            "endingOffsets": '{"0": 2}',  # before 4, but overridden: no conflict
+            "endingOffsetsByTimestamp": '{"0": 50, "1": 60}',
+            "startingOffsetsByTimestampStrategy": "LATEST",
+        },
+        streaming=False,
+    )
+    assert o.starting == ByTime("startingTimestamp", 10)
+    assert o.ending == ByTime("endingOffsetsByTimestamp", {0: 50, 1: 60})
+    assert o.by_timestamp_strategy == "latest"
+    o = parse_read_options(
+        {**ZK, "startingOffsets": "latest", "startingOffsetsByTimestamp": '{"2": 7}'},
+        streaming=True,
+    )
+    assert o.starting == ByTime("startingOffsetsByTimestamp", {2: 7}) and o.ending == "latest"
+    # An equal start and end reads nothing, and is allowed.
+    assert parse_read_options(
+        {**ZK, "startingTimestamp": "9", "endingTimestamp": "9"}, streaming=False
+    ).ending == ByTime("endingTimestamp", 9)
+
+
+def test_resolving_positions_by_time():
+    """``find`` stands for the servers' time index: partition p's transaction i was
+    committed at 1000 * i + p (p has ``LATEST[p]`` of them)."""
+    asked = []
+
+    def find(p: int, time: int) -> int:
+        asked.append((p, time))
+        i = -(-(time - p) // 1000)  # the first i with 1000 * i + p >= time
+        return min(max(i, EARLIEST[p]), LATEST[p])
+
+    parts = [0, 1, 2]
+    start = resolve_by_time(ByTime("startingTimestamp", 3000), [0, 2], LATEST, find, ending=False)
+    assert start == {0: 3, 2: 3} and asked == [(0, 3000), (2, 3000)]  # one call a partition
+    # An end is exclusive: the first transaction at or after the time is not read.
+    end = resolve_by_time(ByTime("endingTimestamp", 5001), [0, 2], LATEST, find, ending=True)
+    assert end == {0: 6, 2: 5}
+    # Nothing at or after the time: the end is latest; a start fails, naming the
+    # partition and the time, or with the latest strategy starts at the end.
+    late = ByTime("startingOffsetsByTimestamp", {0: 0, 1: 0, 2: 9000})
+    with pytest.raises(WaltzOptionError) as e:
+        resolve_by_time(late, parts, LATEST, find, ending=False)
+    assert str(e.value).startswith(
+        "startingOffsetsByTimestamp: partition 1 has no transaction committed at or after 0 "
+        "(1970-01-01T00:00:00.000Z; its next transaction is 0)"
+    )
+    assert "startingOffsetsByTimestampStrategy=latest" in str(e.value)
+    assert resolve_by_time(late, parts, LATEST, find, ending=False, strategy="latest") == {
+        0: 0,
+        1: 0,
+        2: 7,
+    }
+    assert resolve_by_time(ByTime("e", 10**9), parts, LATEST, find, ending=True) == LATEST
+    # The time index may know of transactions committed since latest was read: not ours.
+    assert resolve_by_time(ByTime("e", 10**9), parts, {0: 5, 1: 0, 2: 7}, find, ending=True) == {
+        0: 5,
+        1: 0,
+        2: 7,
+    }
+    # A JSON map names each partition read, and no other.
+    with pytest.raises(WaltzOptionError, match=r"^s: no time for partitions \[1\]$"):
+        resolve_by_time(ByTime("s", {0: 1, 2: 1}), parts, LATEST, find, ending=False)
+    with pytest.raises(WaltzOptionError, match=r"^s: partitions \[7\] are not read"):
+        resolve_by_time(ByTime("s", {0: 1, 1: 1, 2: 1, 7: 1}), parts, LATEST, find, ending=False)
+    # An offset start and an end by time (or the other way) that cross name both.
+    with pytest.raises(
+        WaltzOptionError,
+        match=r"^endingTimestamp: partition 0 ends at 3, before its starting offset 5$",
+    ):
+        check_range({0: 5}, {0: 3}, "endingTimestamp")
+    with pytest.raises(WaltzOptionError, match=r"offset 5 \(from startingTimestamp\)$"):
+        check_range({0: 5}, {0: 3}, "endingOffsets", "startingTimestamp")
 
 
 def test_write_options():

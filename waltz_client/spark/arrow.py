@@ -1,9 +1,12 @@
 """Wire record batches to Arrow record batches, without one Python object per record.
 
-A range-read response is the records' wire bytes (``RecordBatch``): a 32-byte head,
-the data, a 4-byte CRC, then the next record. numpy gathers the head fields from
+A range-read response is the records' wire bytes (``RecordBatch``): a fixed head (32
+bytes in record format 1, 40 in format 2: the same fields, then the commit time), the
+data, a 4-byte CRC, then the next record. numpy gathers the head fields from
 every record at once; the data column is the records' data copied once into one
-buffer by Arrow itself (from views into the response's bytes).
+buffer by Arrow itself (from views into the response's bytes). The ``timestamp``
+column is the commit time (Spark's TimestampType: microseconds, UTC), null for a
+record without one (``NO_TIMESTAMP``, and every record of format 1).
 """
 
 from __future__ import annotations
@@ -18,12 +21,19 @@ from waltz_client.wire.crc import crc32
 from waltz_client.wire.errors import MalformedMessage
 from waltz_client.wire.records import (
     DEFAULT_MAX_DATA_BYTES,
-    WIRE_RECORD_HEAD,
+    NO_TIMESTAMP,
     RecordBatch,
+    RecordFormat,
     UncheckedRecords,
 )
 
-SCHEMA_DDL = "partition int, transaction_id long, header int, data binary, client_id long"
+# The columns after client_id come last, so code that picks columns by position keeps
+# working as columns are added.
+SCHEMA_DDL = (
+    "partition int, transaction_id long, header int, data binary, client_id long, "
+    "timestamp timestamp"
+)
+TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")  # what Spark's TimestampType is in Arrow
 ARROW_SCHEMA = pa.schema(
     [
         ("partition", pa.int32()),
@@ -31,12 +41,15 @@ ARROW_SCHEMA = pa.schema(
         ("header", pa.int32()),
         ("data", pa.binary()),
         ("client_id", pa.int64()),
+        ("timestamp", TIMESTAMP_TYPE),
     ]
 )
 
-_HEAD = WIRE_RECORD_HEAD.size  # txid i64 | client, generation, partition, seq i32 | header | len
+# A head: txid i64 | client, generation, partition, seq i32 | header | len (| time i64):
+# the data starts at the batch's ``format.head_size``.
 _CLIENT_ID_AT = 8
 _HEADER_AT = 24
+_TIMESTAMP_AT = 32  # format 2 on: the commit time, ms since the Unix epoch
 _FOUR = np.arange(4, dtype=np.int64)
 _TWELVE = np.arange(12, dtype=np.int64)
 _INLINE = 12  # a binary view holds data up to this long in itself
@@ -49,7 +62,10 @@ def to_arrow(partition_id: int, batch: RecordBatch) -> pa.RecordBatch:
     spans = np.array(batch.spans, dtype=np.int64).reshape(n, 3)
     txids, positions, lengths = spans[:, 0], spans[:, 1], spans[:, 2]
     raw = np.frombuffer(batch.buf, dtype=np.uint8)
-    return _record_batch(partition_id, batch.buf, raw, positions, txids, lengths)
+    fmt = batch.format
+    return _record_batch(
+        partition_id, batch.buf, raw, fmt, positions + fmt.head_size, positions, txids, lengths
+    )
 
 
 def _gather(raw: np.ndarray, offsets: np.ndarray, width: int, dtype: str) -> np.ndarray:
@@ -61,22 +77,37 @@ def _record_batch(
     partition_id: int,
     buf: bytes | memoryview,
     raw: np.ndarray,
+    fmt: RecordFormat,
+    starts: np.ndarray,
     positions: np.ndarray,
     txids: np.ndarray,
     lengths: np.ndarray,
 ) -> pa.RecordBatch:
-    """The Arrow batch of checked wire records at ``positions`` in ``buf``."""
+    """The Arrow batch of checked wire records at ``positions`` in ``buf``, their data
+    at ``starts``."""
     n = len(positions)
     return pa.RecordBatch.from_arrays(
         [
             pa.array(np.full(n, partition_id, dtype=np.int32)),
             pa.array(txids),
             pa.array(_gather(raw, positions + _HEADER_AT, 4, ">i4").astype(np.int32)),
-            _data_column(buf, raw, positions + _HEAD, lengths),
+            _data_column(buf, raw, starts, lengths),
             pa.array(_gather(raw, positions + _CLIENT_ID_AT, 4, ">i4").astype(np.int64)),
+            _timestamp_column(raw, fmt, positions),
         ],
         schema=ARROW_SCHEMA,
     )
+
+
+def _timestamp_column(raw: np.ndarray, fmt: RecordFormat, positions: np.ndarray) -> pa.Array:
+    """Each record's commit time in microseconds, null where it has none."""
+    n = len(positions)
+    if fmt.head_size < _TIMESTAMP_AT + 8:  # format 1: no commit times
+        return pa.nulls(n, TIMESTAMP_TYPE)
+    millis = _gather(raw, positions + _TIMESTAMP_AT, 8, ">i8")
+    missing = millis == NO_TIMESTAMP
+    micros = millis.astype(np.int64) * 1000
+    return pa.array(micros, TIMESTAMP_TYPE, mask=missing if missing.any() else None)
 
 
 _LENGTH_AT = struct.Struct(">i").unpack_from  # a record's data length, at 28 in its head
@@ -100,7 +131,8 @@ def checked_to_arrow(
     positions: list[int] = []
     add = positions.append
     length_at = _LENGTH_AT
-    overhead = _HEAD + _CRC_BYTES
+    head = records.format.head_size
+    overhead = head + _CRC_BYTES
     pos = 0
     for _ in range(n):
         if end - pos < overhead:
@@ -115,7 +147,7 @@ def checked_to_arrow(
     raw = np.frombuffer(buf, dtype=np.uint8)
     at = np.array(positions, dtype=np.int64)
     lengths = _gather(raw, at + _LENGTH_OFFSET, 4, ">i4").astype(np.int64)
-    starts = at + _HEAD
+    starts = at + head
     stops = starts + lengths
     mv = memoryview(buf)
     actual = np.fromiter(
@@ -133,7 +165,7 @@ def checked_to_arrow(
             f"range read: record {i} is transaction {int(txids[i])}, where {first + i} "
             f"follows {first} without a gap"
         )
-    return _record_batch(partition_id, buf, raw, at, txids, lengths)
+    return _record_batch(partition_id, buf, raw, records.format, starts, at, txids, lengths)
 
 
 def _refuse(records: UncheckedRecords, max_data_bytes: int) -> NoReturn:

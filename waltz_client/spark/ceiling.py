@@ -14,7 +14,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from .arrow import ARROW_SCHEMA, SCHEMA_DDL
+from .arrow import ARROW_SCHEMA, SCHEMA_DDL, TIMESTAMP_TYPE
 
 
 class _Rows(InputPartition):
@@ -79,6 +79,7 @@ def _batch(rows: int, size: int) -> pa.RecordBatch:
             pa.array(np.zeros(rows, dtype=np.int32)),
             data,
             pa.array(np.zeros(rows, dtype=np.int64)),
+            pa.array(np.arange(rows, dtype=np.int64) + 1_700_000_000_000_000, TIMESTAMP_TYPE),
         ],
         schema=ARROW_SCHEMA,
     )

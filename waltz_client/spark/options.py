@@ -22,6 +22,25 @@ LATEST = -1
 OffsetSpec = str | dict[int, int]
 
 
+@dataclass(frozen=True)
+class ByTime:
+    """A position given as a commit time (ms since the Unix epoch): one for every
+    partition read (``startingTimestamp``) or one per partition (``...ByTimestamp``).
+    ``option`` is the option it came from, for messages."""
+
+    option: str
+    times: int | dict[int, int]
+
+    def time_of(self, partition: int) -> int | None:
+        if isinstance(self.times, int):
+            return self.times
+        return self.times.get(partition)
+
+
+# Where a read starts or ends: offsets, or the first transaction at or after a time.
+Position = OffsetSpec | ByTime
+
+
 class WaltzOptionError(ValueError):
     """A bad option of the waltz data source; the message names it."""
 
@@ -31,8 +50,12 @@ class ReadOptions:
     zookeeper: str
     zk_root: str = "/waltz"
     partitions: frozenset[int] | None = None  # None: every partition
-    starting: OffsetSpec = "earliest"
-    ending: OffsetSpec = "latest"  # batch only
+    # The option that wins (as in Kafka's source: a timestamp over offsets by timestamp
+    # over offsets); ending: batch only.
+    starting: Position = "earliest"
+    ending: Position = "latest"
+    # When no transaction of a partition is at or after its starting time: error | latest.
+    by_timestamp_strategy: str = "error"
     max_transactions_per_split: int = 100_000
     max_transactions_per_trigger: int | None = None  # streaming only
     fail_on_data_loss: bool = True
@@ -75,6 +98,11 @@ _READ = (
     "partitions",
     "startingoffsets",
     "endingoffsets",
+    "startingtimestamp",
+    "startingoffsetsbytimestamp",
+    "endingtimestamp",
+    "endingoffsetsbytimestamp",
+    "startingoffsetsbytimestampstrategy",
     "maxtransactionspersplit",
     "maxtransactionspertrigger",
     "failondataloss",
@@ -102,6 +130,11 @@ _SPELLING = {
         "partitions",
         "startingOffsets",
         "endingOffsets",
+        "startingTimestamp",
+        "startingOffsetsByTimestamp",
+        "endingTimestamp",
+        "endingOffsetsByTimestamp",
+        "startingOffsetsByTimestampStrategy",
         "maxTransactionsPerSplit",
         "maxTransactionsPerTrigger",
         "failOnDataLoss",
@@ -120,23 +153,32 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     given = _lower(options, _READ)
     if not streaming and "maxtransactionspertrigger" in given:
         raise WaltzOptionError("maxTransactionsPerTrigger: applies to streaming reads only")
-    if streaming and "endingoffsets" in given:
-        raise WaltzOptionError(
-            "endingOffsets: applies to batch reads only (a stream reads on; use "
-            "maxTransactionsPerTrigger or trigger(availableNow=True))"
-        )
+    if streaming:
+        for key in ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp"):
+            if key in given:
+                raise WaltzOptionError(
+                    f"{_SPELLING[key]}: applies to batch reads only (a stream reads on; use "
+                    "maxTransactionsPerTrigger or trigger(availableNow=True))"
+                )
     partitions = None
     if "partitions" in given and given["partitions"].strip() not in ("", "all"):
         try:
             partitions = frozenset(parse_partition_ranges(given["partitions"]))
         except ValueError as e:
             raise WaltzOptionError(f"partitions: {e}") from None
-    starting = _offsets("startingOffsets", given.get("startingoffsets", "earliest"))
-    ending = _offsets("endingOffsets", given.get("endingoffsets", "latest"))
+    starting: Position = _offsets("startingOffsets", given.get("startingoffsets", "earliest"))
+    ending: Position = _offsets("endingOffsets", given.get("endingoffsets", "latest"))
     if ending == "earliest":
         raise WaltzOptionError("endingOffsets: 'earliest' would read nothing; use latest or JSON")
     if isinstance(ending, dict) and any(v == EARLIEST for v in ending.values()):
         raise WaltzOptionError("endingOffsets: -2 (earliest) is not an ending offset")
+    # Each option is checked, those a higher one overrides too; then the winner counts.
+    starting_times = _by_time(given, "startingtimestamp", "startingoffsetsbytimestamp")
+    ending_times = _by_time(given, "endingtimestamp", "endingoffsetsbytimestamp")
+    if starting_times is not None:
+        starting = starting_times
+    if ending_times is not None:
+        ending = ending_times
     if isinstance(starting, dict) and isinstance(ending, dict):
         for p, start in starting.items():
             end = ending.get(p)
@@ -145,6 +187,14 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
                     f"endingOffsets: partition {p} ends at {end}, before its starting "
                     f"offset {start}"
                 )
+    if isinstance(starting, ByTime) and isinstance(ending, ByTime):
+        _check_times(starting, ending)
+    strategy = given.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise WaltzOptionError(
+            "startingOffsetsByTimestampStrategy: expected error or latest, got "
+            f"{given['startingoffsetsbytimestampstrategy']!r}"
+        )
     trigger = None
     if "maxtransactionspertrigger" in given:
         trigger = _integer(given, "maxtransactionspertrigger", 1)
@@ -154,6 +204,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         partitions=partitions,
         starting=starting,
         ending=ending,
+        by_timestamp_strategy=strategy,
         max_transactions_per_split=_integer(
             given, "maxtransactionspersplit", 1, ReadOptions.max_transactions_per_split
         ),
@@ -206,15 +257,18 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool) -> Write
 
 def parse_offset_map(text: str, name: str, low: int = EARLIEST) -> dict[int, int]:
     """``{"0": 120, "2": -1}``: partition ID -> transaction ID, -2 earliest, -1 latest
-    (``low``: the smallest value allowed)."""
+    (``low``: the smallest value allowed; 0 for a map of commit times)."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise WaltzOptionError(f"{name}: not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(doc, dict) or not doc:
-        raise WaltzOptionError(
-            f'{name}: expected a JSON object of partition -> offset such as {{"0": 120}}'
+        example = (
+            'commit time (ms) such as {"0": 1767225600000}'
+            if low == 0
+            else 'offset such as {"0": 120}'
         )
+        raise WaltzOptionError(f"{name}: expected a JSON object of partition -> {example}")
     result: dict[int, int] = {}
     for key, value in doc.items():
         try:
@@ -227,6 +281,7 @@ def parse_offset_map(text: str, name: str, low: int = EARLIEST) -> dict[int, int
             allowed = {
                 EARLIEST: "a transaction ID >= 0, -2 (earliest) or -1 (latest)",
                 LATEST: "a high-water mark >= -1",
+                0: "a commit time >= 0 (ms since the Unix epoch)",
             }[low]
             raise WaltzOptionError(
                 f"{name}: partition {partition}: expected {allowed}, got {value!r}"
@@ -242,6 +297,40 @@ def _offsets(name: str, text: str) -> OffsetSpec:
     if word.startswith("{"):
         return parse_offset_map(word, name)
     raise WaltzOptionError(f"{name}: expected earliest, latest or a JSON object, got {text!r}")
+
+
+def _by_time(given: dict[str, str], one: str, each: str) -> ByTime | None:
+    """``one`` (a time for every partition) over ``each`` (a JSON map of partition ->
+    time), as Kafka's source does; both are checked. None: neither is given."""
+    times = None
+    if each in given:
+        times = ByTime(_SPELLING[each], parse_offset_map(given[each].strip(), _SPELLING[each], 0))
+    if one in given:
+        times = ByTime(_SPELLING[one], _integer(given, one, 0, high=_MAX_MILLIS))
+    return times
+
+
+_MAX_MILLIS = 2**63 // 1000 - 1  # microseconds, as Spark keeps a timestamp, fit in a long
+
+
+def _check_times(starting: ByTime, ending: ByTime) -> None:
+    """An ending time before its starting time is a mistake (an equal one reads
+    nothing)."""
+    if isinstance(starting.times, int) and isinstance(ending.times, int):
+        if ending.times < starting.times:
+            raise WaltzOptionError(
+                f"{ending.option}: {ending.times} is before {starting.option} "
+                f"{starting.times} (the end comes before the start)"
+            )
+        return
+    named = [set(t.times) for t in (starting, ending) if isinstance(t.times, dict)]
+    for p in sorted(set().union(*named)):
+        start, end = starting.time_of(p), ending.time_of(p)
+        if start is not None and end is not None and end < start:
+            raise WaltzOptionError(
+                f"{ending.option}: partition {p}: {end} is before {starting.option} {start} "
+                "(the end comes before the start)"
+            )
 
 
 def _lower(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:

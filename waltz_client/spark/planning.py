@@ -8,11 +8,12 @@ mark + 1.
 
 from __future__ import annotations
 
+import datetime
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from .options import EARLIEST, LATEST, OffsetSpec, WaltzOptionError
+from .options import EARLIEST, LATEST, ByTime, OffsetSpec, Position, WaltzOptionError
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,79 @@ def resolve(
     return result
 
 
-def check_range(start: Mapping[int, int], end: Mapping[int, int]) -> None:
+def resolve_by_time(
+    spec: ByTime,
+    partitions: list[int],
+    latest: Mapping[int, int],
+    find_time: Callable[[int, int], int],
+    *,
+    ending: bool,
+    strategy: str = "error",
+) -> dict[int, int]:
+    """The offset of every chosen partition from commit times, one ``find_time(partition,
+    time)`` each: the ID of the first transaction committed at or after the time.
+
+    ``latest`` is each partition's high-water mark + 1, read before these calls, so a
+    position is never beyond it (a transaction committed since does not count). A start
+    is that transaction (inclusive); where there is none, ``strategy`` says: ``error``
+    fails, naming the partition and the time, ``latest`` starts at the end. An end is
+    exclusive, as endingOffsets: the read stops before the first transaction at or after
+    the time, so it reads those committed before it; where there is none, at ``latest``
+    (Kafka's source does the same)."""
+    if isinstance(spec.times, dict):
+        extra = sorted(set(spec.times) - set(partitions))
+        if extra:
+            raise WaltzOptionError(
+                f"{spec.option}: partitions {extra} are not read (see the partitions option)"
+            )
+        missing = sorted(set(partitions) - set(spec.times))
+        if missing:
+            raise WaltzOptionError(f"{spec.option}: no time for partitions {missing}")
+    result = {}
+    for p in partitions:
+        time = spec.time_of(p)
+        assert time is not None
+        found = min(find_time(p, time), latest[p])
+        if found >= latest[p] and not ending and strategy == "error":
+            raise WaltzOptionError(
+                f"{spec.option}: partition {p} has no transaction committed at or after "
+                f"{time} ({_utc(time)}; its next transaction is {latest[p]}); set "
+                "startingOffsetsByTimestampStrategy=latest to start such a partition at "
+                "its end"
+            )
+        result[p] = found
+    return result
+
+
+def _utc(millis: int) -> str:
+    """``2026-11-28T14:15:16.789Z``, or the number where it is no date."""
+    try:
+        moment = datetime.datetime.fromtimestamp(millis / 1000, datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"{millis} ms"
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def option_name(position: Position, ending: bool) -> str:
+    """The option a position came from, for messages."""
+    if isinstance(position, ByTime):
+        return position.option
+    return "endingOffsets" if ending else "startingOffsets"
+
+
+def check_range(
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+    ending: str = "endingOffsets",
+    starting: str = "startingOffsets",
+) -> None:
+    """Refuse an end before its start (``ending``, ``starting``: the options they came
+    from)."""
+    source = "" if starting == "startingOffsets" else f" (from {starting})"
     for p, s in start.items():
         if end[p] < s:
             raise WaltzOptionError(
-                f"endingOffsets: partition {p} ends at {end[p]}, before its starting offset {s}"
+                f"{ending}: partition {p} ends at {end[p]}, before its starting offset {s}{source}"
             )
 
 

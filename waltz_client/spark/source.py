@@ -35,10 +35,18 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from waltz_client.blocking import BlockingWaltzClient
+from waltz_client.errors import WaltzError
 
 from .arrow import SCHEMA_DDL
 from .log_starts import LogStarts
-from .options import ReadOptions, WaltzOptionError, parse_read_options, parse_write_options
+from .options import (
+    ByTime,
+    Position,
+    ReadOptions,
+    WaltzOptionError,
+    parse_read_options,
+    parse_write_options,
+)
 from .planning import (
     Split,
     check_range,
@@ -46,8 +54,10 @@ from .planning import (
     decode_offsets,
     encode_offsets,
     limit_offsets,
+    option_name,
     plan_splits,
     resolve,
+    resolve_by_time,
 )
 from .split_reader import open_client, read_split, skip_lost
 from .writer import WaltzStreamWriter, WaltzWriter, job_high_water_marks
@@ -107,6 +117,39 @@ def _latest(client: BlockingWaltzClient, partitions: list[int]) -> dict[int, int
     return {p: client.high_water_mark(p) + 1 for p in partitions}
 
 
+def _positions(
+    options: ReadOptions,
+    client: BlockingWaltzClient,
+    position: Position,
+    partitions: list[int],
+    earliest: dict[int, int],
+    latest: dict[int, int],
+    *,
+    ending: bool,
+) -> dict[int, int]:
+    """Where the read starts (or ends) in each partition: offsets, or by commit time
+    through the servers' time index (``find_time``, one request a partition, after
+    ``latest`` was read: a transaction committed since is beyond this read)."""
+    if isinstance(position, ByTime):
+        option = position.option
+
+        def find_time(partition: int, timestamp_ms: int) -> int:
+            try:
+                return client.find_time(partition, timestamp_ms)
+            except WaltzError as e:  # e.g. a server too old to have a time index
+                raise WaltzError(f"{option}: partition {partition}: {e}") from e
+
+        return resolve_by_time(
+            position,
+            partitions,
+            latest,
+            find_time,
+            ending=ending,
+            strategy=options.by_timestamp_strategy,
+        )
+    return resolve(position, option_name(position, ending), partitions, earliest, latest)
+
+
 def _skip_lost(
     options: ReadOptions,
     start: dict[int, int],
@@ -141,9 +184,9 @@ class WaltzBatchReader(DataSourceReader):
             partitions = chosen_partitions(o.partitions, client.num_partitions)
             earliest = log_starts.read(partitions)  # first: never beyond latest
             latest = _latest(client, partitions)
-        start = resolve(o.starting, "startingOffsets", partitions, earliest, latest)
-        end = resolve(o.ending, "endingOffsets", partitions, earliest, latest)
-        check_range(start, end)
+            start = _positions(o, client, o.starting, partitions, earliest, latest, ending=False)
+            end = _positions(o, client, o.ending, partitions, earliest, latest, ending=True)
+        check_range(start, end, option_name(o.ending, True), option_name(o.starting, False))
         start = _skip_lost(o, start, earliest, end)
         return _input_partitions(start, end, o.max_transactions_per_split)
 
@@ -189,10 +232,21 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return partitions, _latest(self._driver(), partitions)
 
     def initialOffset(self) -> dict:
+        """Where a new query starts (a restarted one resumes from its checkpoint, and
+        Spark does not ask): startingOffsets, or the first transaction at or after
+        startingTimestamp / startingOffsetsByTimestamp."""
         partitions = self._partitions()
         earliest = self._earliest(partitions)  # first: never beyond latest
         latest = _latest(self._driver(), partitions)
-        start = resolve(self.options.starting, "startingOffsets", partitions, earliest, latest)
+        start = _positions(
+            self.options,
+            self._driver(),
+            self.options.starting,
+            partitions,
+            earliest,
+            latest,
+            ending=False,
+        )
         return encode_offsets(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
