@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean fault-deps postgres-deps prometheus-deps faketime-deps
+.PHONY: run test lint bench clean fault-deps postgres-deps prometheus-deps faketime-deps \
+	etcd-deps
 
 $(STAMP): pyproject.toml setup.py waltz_client/wire/_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -73,13 +74,27 @@ faketime-deps:
 	  { quiet_apt update && quiet_apt install -y --no-install-recommends libfaketime; } || \
 	  echo "could not install libfaketime: the clock-skew test will be skipped"
 
+## etcd-deps: etcd (Debian's etcd-server package, etcd 3.4), the second peer of the
+## closed-loop sweep (`waltz bench --compare`: its etcd column, docs/benchmarks.md);
+## installed with apt-get only when etcd is missing and we are root. Never fails: without
+## it the sweep skips the etcd column and says why, as do the tests that start etcd.
+etcd-deps:
+	@if command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then exit 0; fi; \
+	echo "installing etcd (apt-get) for the etcd column of waltz bench --compare"; \
+	quiet_apt() { DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=120 "$$@" \
+	  >/dev/null 2>&1 </dev/null; }; \
+	quiet_apt install -y --no-install-recommends etcd-server || \
+	  { quiet_apt update && quiet_apt install -y --no-install-recommends etcd-server; } || \
+	  echo "could not install etcd: waltz bench --compare will skip its etcd column"
+
 ## test: lint, then the whole test suite (with nftables for the fault tests, see fault-deps,
 ## PostgreSQL for the database callback tests, see postgres-deps, Prometheus for the
-## alert tests, see prometheus-deps, and libfaketime for the clock-skew test, see
-## faketime-deps),
+## alert tests, see prometheus-deps, libfaketime for the clock-skew test, see
+## faketime-deps, and etcd for the compare sweep's tests, see etcd-deps),
 ## three test files at a time on two cores: most tests wait on processes and timeouts,
 ## not the CPU (the suite used 44% of two cores with two at a time)
-test: $(STAMP) fault-deps postgres-deps prometheus-deps faketime-deps lint
+test: $(STAMP) fault-deps postgres-deps prometheus-deps faketime-deps etcd-deps lint
 	$(PY) -m pytest -n 3 --dist loadfile
 
 ## lint: ruff; the import contracts (layers, no circles: [tool.importlinter] in

@@ -24,6 +24,8 @@ from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.transaction import Lock, Transaction
 
 from .common import Put, check_at_least_one, fresh_cluster, open_loop
+from .scale_settings import SCALE_MODES, scale_only_given
+from .scale_settings import option_help as scale_option_help
 
 
 def register(groups: argparse._SubParsersAction) -> None:
@@ -57,12 +59,36 @@ def register(groups: argparse._SubParsersAction) -> None:
         default=3,
         help="ZooKeeper ensemble size (default 3, replicated like a waltz partition)",
     )
+    c.add_argument(
+        "--no-etcd", action="store_true", help="skip the etcd column (run where etcd is on PATH)"
+    )
+    c.add_argument(
+        "--etcd-members",
+        type=int,
+        default=3,
+        help="etcd cluster size (default 3, replicated like a waltz partition)",
+    )
     c.add_argument("--json", metavar="PATH", help="also write every cell as JSON")
     c.add_argument(
         "--floor",
         action="store_true",
         help="instead: what this machine allows a replicated write at C=1 with no logic "
         "(client, relay and 3 syncing nodes; uses --size, --seconds, --runs)",
+    )
+    help_of = scale_option_help()
+    s = p.add_argument_group(
+        "--scale",
+        "how the cost grows instead (docs/benchmarks.md, Scale curve): one mode, a fresh "
+        "local cluster a cell; also takes --seconds (idle-clients: the idle period, default "
+        "10), --runs, --size and --json; idle-clients and failover run on mutual TLS unless "
+        "--insecure",
+    )
+    s.add_argument("--scale", choices=SCALE_MODES, help=help_of["scale"])
+    s.add_argument("--scale-partitions", metavar="N,...", help=help_of["scale_partitions"])
+    s.add_argument("--scale-concurrency", metavar="C,...", help=help_of["scale_concurrency"])
+    s.add_argument("--scale-clients", metavar="N,...", help=help_of["scale_clients"])
+    s.add_argument(
+        "--scale-session-timeout", type=float, metavar="S", help=help_of["scale_session_timeout"]
     )
     p.set_defaults(func=cmd_bench, sweep_defaults={n: p.get_default(n) for n in SWEEP_ONLY})
 
@@ -191,11 +217,21 @@ SWEEP_ONLY = (
     "runs",
     "no_zookeeper",
     "zookeeper_members",
+    "no_etcd",
+    "etcd_members",
     "json",
 )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.scale is not None:
+        from .scale import cmd_scale
+
+        return cmd_scale(args)
+    scaled = scale_only_given(args)
+    if scaled:
+        print(f"waltz bench: error: {', '.join(scaled)} only apply with --scale")
+        return 2
     if args.compare and args.floor:
         print("waltz bench: error: --compare and --floor are two separate measurements")
         return 2

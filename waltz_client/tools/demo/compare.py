@@ -1,22 +1,42 @@
 """``waltz bench --compare``: the closed-loop sweep of issue 16, as a user can rerun it.
 
-For each system (waltz with 1 partition, waltz with 4, and a ZooKeeper ensemble of 3
-members by default, replicated like a waltz partition) and each concurrency C, a fresh
+For each system (waltz with 1 partition, waltz with 4, a ZooKeeper ensemble of 3
+members by default, and an etcd cluster of 3 members by default where ``etcd`` is on
+PATH, each peer replicated like a waltz partition) and each concurrency C, a fresh
 local cluster, then load processes (2, or 1 at C=1) keep C writes of ``--size`` bytes in
 flight between them for ``--seconds``, closed loop: each write is sent when one
 completes. A waltz write is a transaction submitted through ``WaltzClient``
 (committed: fsync'd on 2 of 3 replicas); a ZooKeeper write is a ``create`` of a
 sequential node (committed: fsync'd in the transaction logs of a majority
-of the members). Reported per cell: the median over ``--runs`` of the completed writes
-per second, and the latency percentiles; and at the highest C, the CPU the cluster's own
-processes (storage nodes and server, or ZooKeeper's JVMs) spent per write. A second
-table splits each cell's CPU a write by process: the server, each storage node, each
-ZooKeeper member, each load process (the client library's share).
+of the members); an etcd write is a put of a fresh key (committed: fsync'd in the
+write-ahead logs of a majority of the members). Reported per cell: the median over
+``--runs`` of the completed writes per second, and the latency percentiles; and at the
+highest C, the CPU the cluster's own processes (storage nodes and server, ZooKeeper's
+JVMs, or the etcd members) spent per write. A second table splits each cell's CPU a
+write by process: the server, each storage node, each ZooKeeper or etcd member, each
+load process (the client library's share).
+
+How each load process keeps its writes in flight differs with the client each system
+has. Waltz's ``WaltzClient`` pipelines every write over one connection to the server;
+kazoo pipelines every ``create`` over its one session's connection to a ZooKeeper
+member (picked at random; a follower forwards writes to the leader). etcd is measured
+through its v3 JSON gateway (``POST /v3/kv/put``, key and value in base64) over
+keep-alive HTTP/1.1 connections, which carry one request at a time: a load process with
+W writes in flight opens W connections (at least one to each member, at most
+``ETCD_MAX_CONNECTIONS``; above that, writes wait in the process for a free
+connection), and sends each write on the connection idle longest. That spreads the
+writes round robin over the members, as etcd's own Go client (clientv3) balances its
+requests over its endpoints by default; a follower forwards a put to the leader. What
+the JSON gateway costs etcd: each member decodes the JSON and passes the request on to
+its own gRPC server over a loopback connection, a hop that etcd's Go client, speaking
+gRPC over HTTP/2, does not take.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import itertools
 import json
 import math
 import multiprocessing
@@ -31,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from waltz_client.runtime import event_loop
 from waltz_client.runtime.process_cpu import cpu_seconds
+from waltz_client.tools.local.etcd_ensemble import EtcdEnsemble, find_etcd
 from waltz_client.tools.local.zookeeper_ensemble import ZooKeeperEnsemble
 from waltz_client.wire.native import describe as describe_loops
 
@@ -56,6 +77,24 @@ def zookeeper_system(members: int) -> str:
 
 
 ZOOKEEPER = zookeeper_system(DEFAULT_ZOOKEEPER_MEMBERS)
+DEFAULT_ETCD_MEMBERS = 3
+# HTTP/1.1 connections a load process opens to etcd at most: the default sweep's 256
+# writes in flight over 2 processes have one each.
+ETCD_MAX_CONNECTIONS = 256
+
+
+def etcd_system(members: int) -> str:
+    return f"etcd ({members} member{'s' if members > 1 else ''})"
+
+
+ETCD = etcd_system(DEFAULT_ETCD_MEMBERS)
+PEERS = ("zookeeper", "etcd")  # how the peers' system names start
+
+
+def is_peer(system: str) -> bool:
+    return system.startswith(PEERS)
+
+
 LOAD = "load"  # the role of the load processes, whose CPU is not the cluster's
 
 
@@ -188,6 +227,138 @@ def _zookeeper_load(
     out.put((len(latencies), latencies, "kazoo (threads)"))
 
 
+class EtcdConnection:
+    """One keep-alive HTTP/1.1 connection to an etcd member's JSON gateway, on asyncio
+    streams: a request at a time, reconnecting after a failure."""
+
+    def __init__(self, url: str) -> None:
+        host, _, port = url.removeprefix("http://").rstrip("/").rpartition(":")
+        self.host, self.port = host, int(port)
+        self._head = f"Host: {host}:{port}\r\nContent-Type: application/json\r\n".encode()
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """The status and body of ``POST path``; status 0 if the connection failed
+        (closed, to be opened again by the next request)."""
+        try:
+            if self._writer is None:
+                self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+            assert self._reader is not None
+            self._writer.write(
+                b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s"
+                % (path.encode(), self._head, len(body), body)
+            )
+            head = await self._reader.readuntil(b"\r\n\r\n")
+            status, headers = _parse_head(head)
+            if headers.get("transfer-encoding", "").lower() == "chunked":
+                data = await self._read_chunks(self._reader)
+            else:
+                data = await self._reader.readexactly(int(headers.get("content-length", "0")))
+            if headers.get("connection", "").lower() == "close":
+                self.close()
+            return status, data
+        except (OSError, EOFError, ValueError, IndexError, asyncio.LimitOverrunError):
+            self.close()
+            return 0, b""
+
+    @staticmethod
+    async def _read_chunks(reader: asyncio.StreamReader) -> bytes:
+        parts = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                while await reader.readuntil(b"\r\n") != b"\r\n":
+                    pass  # trailers, up to the empty line
+                return b"".join(parts)
+            parts.append((await reader.readexactly(size + 2))[:-2])  # less its CRLF
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._reader = self._writer = None
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """The status code and the headers (names in lower case) of a response's head."""
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def etcd_put_body(key: bytes, value_b64: bytes) -> bytes:
+    """The JSON of a v3 ``PutRequest`` (``value_b64``: the value already in base64)."""
+    return b'{"key":"%s","value":"%s"}' % (base64.b64encode(key), value_b64)
+
+
+def _etcd_load(
+    endpoints: str,
+    root: str,
+    partitions: int,
+    inflight: int,
+    size: int,
+    ready: Barrier,
+    seconds: float,
+    out: Queue[LoadResult],
+) -> None:
+    """``inflight`` puts of fresh keys in flight through etcd's JSON gateway, over
+    ``min(max(inflight, members), ETCD_MAX_CONNECTIONS)`` connections spread over the
+    members (``endpoints``: their comma-separated client URLs); a put is sent on the
+    connection idle longest, so the writes go round robin over the members."""
+
+    async def main() -> LoadResult:
+        urls = endpoints.split(",")
+        count = min(max(inflight, len(urls)), ETCD_MAX_CONNECTIONS)
+        first = os.getpid() % len(urls)  # the load processes start on different members
+        connections = [EtcdConnection(urls[(first + i) % len(urls)]) for i in range(count)]
+        value = base64.b64encode(os.urandom(size))
+        prefix = f"{root}/bench/{os.getpid()}-".encode()
+        warm = await asyncio.gather(
+            *(
+                conn.post("/v3/kv/put", etcd_put_body(prefix + b"warm-%d" % i, value))
+                for i, conn in enumerate(connections)
+            )
+        )  # every connection open and answered before the clock starts
+        if any(status != 200 for status, _ in warm):
+            bad = next(f"{status} {body[:200]!r}" for status, body in warm if status != 200)
+            raise RuntimeError(f"etcd refused a warm-up put: {bad}")
+        idle: asyncio.Queue[EtcdConnection] = asyncio.Queue()
+        for conn in connections:
+            idle.put_nowait(conn)
+        latencies: list[float] = []
+        await asyncio.to_thread(ready.wait, 120)  # every load process connected
+        stop_at = time.time() + seconds
+        counter = itertools.count()
+
+        async def slot() -> None:
+            while time.time() < stop_at:
+                t0 = time.perf_counter()
+                conn = await idle.get()
+                try:
+                    body = etcd_put_body(prefix + b"%d" % next(counter), value)
+                    status, _ = await conn.post("/v3/kv/put", body)
+                finally:
+                    idle.put_nowait(conn)
+                if status == 200 and time.time() <= stop_at:
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                elif status == 0:
+                    await asyncio.sleep(0.01)  # the member went away: not in a hot loop
+
+        await asyncio.gather(*(slot() for _ in range(inflight)))
+        for conn in connections:
+            conn.close()
+        loop = type(asyncio.get_running_loop())
+        kind = "uvloop" if loop.__module__.startswith("uvloop") else "asyncio"
+        return len(latencies), latencies, f"HTTP/1.1 JSON gateway on {kind}"
+
+    out.put(event_loop.run(main()))
+
+
 def measure(
     system: str,
     target: Callable,
@@ -278,6 +449,36 @@ def measure_zookeeper(
         ensemble.stop()
 
 
+def measure_etcd(
+    data_dir: str,
+    concurrency: int,
+    size: int,
+    seconds: float,
+    members: int = DEFAULT_ETCD_MEMBERS,
+) -> Cell:
+    shutil.rmtree(data_dir, ignore_errors=True)
+    os.makedirs(data_dir)
+    ensemble = EtcdEnsemble(data_dir, members)
+    ensemble.start()
+    try:
+        connect = (",".join(ensemble.client_urls), "/compare", 0)
+        roles = {"etcd": ensemble.pids}
+        cell = measure(etcd_system(members), _etcd_load, connect, roles, concurrency, size, seconds)
+        ensemble.check_running()  # a member that died meanwhile: its log, not a low figure
+        return cell
+    finally:
+        ensemble.stop()
+
+
+def etcd_missing() -> str | None:
+    """Why the etcd column cannot run here (one line), or None if it can."""
+    try:
+        find_etcd()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 # --- the sweep and its table ------------------------------------------------------------
 
 
@@ -291,15 +492,22 @@ def sweep(
     zookeeper: bool,
     say: Callable[[str], None] = print,
     zookeeper_members: int = DEFAULT_ZOOKEEPER_MEMBERS,
+    etcd: bool = False,
+    etcd_members: int = DEFAULT_ETCD_MEMBERS,
 ) -> list[Cell]:
     cells: list[Cell] = []
     for run in range(runs):
         for c in concurrency:
             plan = [(p, None) for p in partitions] + ([(0, "zk")] if zookeeper else [])
+            plan += [(0, "etcd")] if etcd else []
             for p, kind in plan:
                 if kind == "zk":
                     cell = measure_zookeeper(
                         os.path.join(data_dir, "zk"), c, size, seconds, zookeeper_members
+                    )
+                elif kind == "etcd":
+                    cell = measure_etcd(
+                        os.path.join(data_dir, "etcd"), c, size, seconds, etcd_members
                     )
                 else:
                     cell = measure_waltz(os.path.join(data_dir, "waltz"), p, c, size, seconds)
@@ -355,10 +563,12 @@ def cpu_table(cells: list[Cell], concurrency: list[int]) -> str:
 
 def ratios(cells: list[Cell]) -> list[str]:
     """Issue 16's ratios at each concurrency: waltz with more partitions against one
-    partition, and waltz with one partition against ZooKeeper; of the median cells, and
-    with several runs, of each run's own cells too. A run measures the systems minutes
-    apart at most, so its ratio is spared the machine's drift between runs, which the
-    spread of the runs' ratios shows."""
+    partition, and waltz with one partition against each peer (ZooKeeper, etcd) and,
+    with both, against the best peer (the faster one's median rate); of the median cells,
+    and with several runs, of each run's own cells too (each run's best peer is the
+    faster in that run). A run measures the systems minutes apart at most, so its ratio
+    is spared the machine's drift between runs, which the spread of the runs' ratios
+    shows."""
     one = WALTZ_SYSTEMS[0]
     runs = sorted({x.run for x in cells})
     lines = []
@@ -370,14 +580,36 @@ def ratios(cells: list[Cell]) -> list[str]:
         for s in systems:
             if s == one:
                 continue
-            top, bottom = (one, s) if s.startswith("zookeeper") else (s, one)
+            top, bottom = (one, s) if is_peer(s) else (s, one)
             line = f"C={c}: {top} / {bottom} = {_ratio(at_c, top, bottom):.2f}x"
             if len(runs) > 1:
                 each = [_ratio([x for x in at_c if x.run == r], top, bottom) for r in runs]
-                known = [f"{r:.2f}x" for r in each if not math.isnan(r)]  # a run lacks a cell
-                line += f" (each run: {', '.join(known)})"
+                line += _each_run(each)
+            lines.append(line)
+        peers = [s for s in systems if is_peer(s)]
+        if len(peers) > 1:
+            best = max(peers, key=lambda s: median_cell([x for x in at_c if x.system == s]).rate)
+            line = f"C={c}: {one} / best peer ({best}) = {_ratio(at_c, one, best):.2f}x"
+            if len(runs) > 1:
+                line += _each_run([_best_peer_ratio(at_c, one, peers, r) for r in runs])
             lines.append(line)
     return lines
+
+
+def _each_run(each: list[float]) -> str:
+    known = [f"{r:.2f}x" for r in each if not math.isnan(r)]  # a run lacks a cell
+    return f" (each run: {', '.join(known)})"
+
+
+def _best_peer_ratio(cells: list[Cell], one: str, peers: list[str], run: int) -> float:
+    """``one``'s rate over the faster peer's in ``run``; NaN if that run lacks ``one``
+    or every peer."""
+    mine = [x for x in cells if x.run == run]
+    ones = [x.rate for x in mine if x.system == one]
+    best = [x.rate for x in mine if x.system in peers]
+    if not ones or not best:
+        return float("nan")
+    return ones[0] / max(best)
 
 
 def _ratio(cells: list[Cell], top: str, bottom: str) -> float:
@@ -406,10 +638,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         or args.runs < 1
         or args.seconds <= 0
         or args.zookeeper_members < 1
+        or args.etcd_members < 1
     ):
         print(
-            "waltz bench: error: concurrency, partitions, --runs and --zookeeper-members "
-            "must be at least 1, --seconds above 0"
+            "waltz bench: error: concurrency, partitions, --runs, --zookeeper-members and "
+            "--etcd-members must be at least 1, --seconds above 0"
         )
         return 2
     print(
@@ -419,6 +652,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         f"load on {event_loop.describe()}",
         flush=True,
     )
+    etcd = not args.no_etcd
+    missing = etcd_missing() if etcd else None
+    if missing:
+        print(f"no etcd column: {missing}", flush=True)
+        etcd = False
     cells = sweep(
         args.data_dir,
         partitions,
@@ -429,6 +667,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         not args.no_zookeeper,
         lambda line: print(line, flush=True),
         args.zookeeper_members,
+        etcd,
+        args.etcd_members,
     )
     print()
     print(f"median of {args.runs} run(s):")
