@@ -21,10 +21,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import FAST_FAILOVER
 from server_harness import owner_of, write_each
 
 from waltz_client import WaltzClient, WaltzClientConfig
+from waltz_client.tools.demo.common import FAST_FAILOVER
 from waltz_client.tools.local.cluster import LocalCluster
 from waltz_client.wire.records import NO_TIMESTAMP
 from waltz_client.wire.storage_client import StorageClient
