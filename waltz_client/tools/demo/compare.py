@@ -64,6 +64,8 @@ if TYPE_CHECKING:
 
     from kazoo.interfaces import IAsyncResult
 
+    from waltz_client.config import WaltzClientConfig
+
 # What a load process puts on its queue: (writes, their latencies in ms, what wrote).
 LoadResult = tuple[int, list[float], str]
 
@@ -133,6 +135,40 @@ class Cell(WritesMeasured):
 # --- load processes ---------------------------------------------------------------------
 
 
+async def closed_loop_writes(
+    config: WaltzClientConfig,
+    partitions: int,
+    inflight: int,
+    size: int,
+    ready: Barrier,
+    seconds: float,
+) -> tuple[list[float], str]:
+    """``inflight`` writes in flight through one WaltzClient for ``seconds`` once every
+    load process is ready: the latencies of those committed in time, and the event loop
+    it ran on ("uvloop", "asyncio"). Shared by the sweep's and the TLS bench's loads."""
+    from waltz_client.client import SubmitStatus, WaltzClient
+
+    async with WaltzClient(config) as client:
+        for p in range(partitions):  # mounted (and any handshake made) before the clock
+            await client.submit(Put(p, b"warm-up", None))
+        payload = os.urandom(size)
+        latencies: list[float] = []
+        await asyncio.to_thread(ready.wait, 120)  # every load process connected
+        stop_at = time.time() + seconds
+        counter = iter(range(1 << 62))
+
+        async def slot() -> None:
+            while time.time() < stop_at:
+                t0 = time.perf_counter()
+                r = await client.submit(Put(next(counter) % partitions, payload, None))
+                if r.status == SubmitStatus.COMMITTED and time.time() <= stop_at:
+                    latencies.append((time.perf_counter() - t0) * 1000)
+
+        await asyncio.gather(*(slot() for _ in range(inflight)))
+        loop = type(asyncio.get_running_loop())
+        return latencies, "uvloop" if loop.__module__.startswith("uvloop") else "asyncio"
+
+
 def _waltz_load(
     zookeeper: str,
     root: str,
@@ -143,33 +179,16 @@ def _waltz_load(
     seconds: float,
     out: Queue[LoadResult],
 ) -> None:
-    from waltz_client.client import SubmitStatus, WaltzClient
     from waltz_client.config import WaltzClientConfig
 
     async def main() -> LoadResult:
         config = WaltzClientConfig(
             zookeeper, zk_root=root, feed=False, max_outstanding_appends=max(1, inflight)
         )
-        async with WaltzClient(config) as client:
-            for p in range(partitions):  # mounted before the clock starts
-                await client.submit(Put(p, b"warm-up", None))
-            payload = os.urandom(size)
-            latencies: list[float] = []
-            await asyncio.to_thread(ready.wait, 120)  # every load process connected
-            stop_at = time.time() + seconds
-            counter = iter(range(1 << 62))
-
-            async def slot() -> None:
-                while time.time() < stop_at:
-                    t0 = time.perf_counter()
-                    r = await client.submit(Put(next(counter) % partitions, payload, None))
-                    if r.status == SubmitStatus.COMMITTED and time.time() <= stop_at:
-                        latencies.append((time.perf_counter() - t0) * 1000)
-
-            await asyncio.gather(*(slot() for _ in range(inflight)))
-            loop = type(asyncio.get_running_loop())
-            kind = "uvloop" if loop.__module__.startswith("uvloop") else "asyncio"
-            return len(latencies), latencies, f"WaltzClient on {kind}"
+        latencies, kind = await closed_loop_writes(
+            config, partitions, inflight, size, ready, seconds
+        )
+        return len(latencies), latencies, f"WaltzClient on {kind}"
 
     out.put(event_loop.run(main()))
 

@@ -14,17 +14,14 @@ the cluster's CPU a write, and the TLS/plain ratio of each pair (the goal: at le
 
 from __future__ import annotations
 
-import asyncio
 import math
-import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from waltz_client.runtime import event_loop
 
-from .common import Put, fresh_cluster
-from .compare import Cell, LoadResult, measure, median_cell
+from .common import fresh_cluster
+from .compare import Cell, LoadResult, closed_loop_writes, measure, median_cell
 from .scale_settings import record
 
 if TYPE_CHECKING:
@@ -56,8 +53,7 @@ def _load(
 ) -> None:
     """A load process of ``compare.measure``: ``inflight`` writes in flight through one
     WaltzClient, over TLS when ``tls`` is given, for ``seconds`` once every load
-    process is ready."""
-    from waltz_client.client import SubmitStatus, WaltzClient
+    process is ready (``compare.closed_loop_writes``)."""
     from waltz_client.config import WaltzClientConfig
 
     async def main() -> LoadResult:
@@ -69,24 +65,8 @@ def _load(
             tls=tls,
             zk_tls=zk_tls,
         )
-        async with WaltzClient(config) as client:
-            for p in range(partitions):  # mounted (and the handshakes made) before the clock
-                await client.submit(Put(p, b"warm-up", None))
-            payload = os.urandom(size)
-            latencies: list[float] = []
-            await asyncio.to_thread(ready.wait, 120)
-            stop_at = time.time() + seconds
-            counter = iter(range(1 << 62))
-
-            async def slot() -> None:
-                while time.time() < stop_at:
-                    t0 = time.perf_counter()
-                    r = await client.submit(Put(next(counter) % partitions, payload, None))
-                    if r.status == SubmitStatus.COMMITTED and time.time() <= stop_at:
-                        latencies.append((time.perf_counter() - t0) * 1000)
-
-            await asyncio.gather(*(slot() for _ in range(inflight)))
-            return len(latencies), latencies, "WaltzClient " + ("on TLS" if tls else "plain")
+        latencies, _ = await closed_loop_writes(config, partitions, inflight, size, ready, seconds)
+        return len(latencies), latencies, "WaltzClient " + ("on TLS" if tls else "plain")
 
     out.put(event_loop.run(main()))
 
