@@ -95,7 +95,7 @@ etcd-deps:
 ## three test files at a time on two cores: most tests wait on processes and timeouts,
 ## not the CPU (the suite used 44% of two cores with two at a time)
 test: $(STAMP) fault-deps postgres-deps prometheus-deps faketime-deps etcd-deps lint
-	$(PY) -m pytest -n 3 --dist loadfile
+	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 ## lint: ruff; the import contracts (layers, no circles: [tool.importlinter] in
 ## pyproject.toml, docs/architecture.md); mypy, strict on wire/ and the pure cores
