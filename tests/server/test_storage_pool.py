@@ -11,7 +11,7 @@ import urllib.request
 import uuid
 
 import pytest
-from server_harness import Put, partition_metadata, wait_for
+from server_harness import Put, partition_metadata, wait_for, write_each
 
 from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_client.wire.records import CRC, FORMAT_2, crc32
@@ -72,6 +72,47 @@ def test_one_connection_a_node_closed_by_the_last_release(make_cluster):
         assert c.closed
 
     asyncio.run(scenario())
+
+
+def test_a_held_connection_is_dialled_ahead_and_stays_open_unused(make_cluster):
+    cluster = make_cluster()
+    cluster.servers[0].kill()  # only the test's pool connects
+    key, other = keys(cluster)[:2]
+
+    async def scenario() -> None:
+        pool = StoragePool()
+        before = accepted(cluster, 0)
+        await pool.warm({key}, 5.0, 5.0)
+        assert len(pool) == 1 and accepted(cluster, 0) == before + 1  # dialled ahead
+        a = await pool.acquire(key, 5.0)
+        assert accepted(cluster, 0) == before + 1  # no dial of its own
+        await pool.release(key, a)
+        assert not a.closed and len(pool) == 1  # held: open with nobody on it
+        await answers(a)
+        pool.hold({other}, 5.0)  # no longer held: closes, unused
+        await wait_for_async(lambda: a.closed)
+        await wait_for_async(lambda: len(pool) == 1)  # the other one, dialled
+        b = await pool.acquire(key, 5.0)  # dials afresh, and closes with its last user
+        assert b is not a and accepted(cluster, 0) == before + 2
+        await pool.release(key, b)
+        assert b.closed
+        await pool.close()
+        assert len(pool) == 0
+
+    asyncio.run(scenario())
+
+
+def test_partitions_recovering_at_once_share_a_connection_to_each_node(make_cluster):
+    """A restarted server recovers its 8 partitions over the connections it opened
+    before registering, one a node for appends and one for recoveries: not one (with
+    TLS, a handshake) a partition and node."""
+    cluster = make_cluster(partitions=8)
+    server = cluster.servers[0]
+    server.stop()
+    before = [accepted(cluster, i) for i in range(3)]
+    server.start()  # returns once it is ready (registered)
+    asyncio.run(write_each(cluster, range(8), 1, b"after"))
+    assert [accepted(cluster, i) - before[i] for i in range(3)] == [2, 2, 2]
 
 
 def test_a_discarded_connection_closes_and_the_next_acquire_dials_afresh(make_cluster):

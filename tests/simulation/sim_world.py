@@ -149,6 +149,7 @@ class SimServer:
         self.clock_error = world.clock_rng.uniform(-3.0, 3.0)  # seconds off the true time
         world.net.listen(name, self.address, self._new_connection)
         self.pool = self._new_pool()
+        self.recovery_pool = self._new_pool()
 
     def _new_pool(self) -> StoragePool:
         """The server's shared storage connections (one set an incarnation)."""
@@ -195,6 +196,7 @@ class SimServer:
             catch_up=CatchUpSettings(inline_records=4, chunk_records=5, rate=0),
             open_connection=lambda host, port: open_stream(world.net, self.name, host, port),
             pool=self.pool,
+            recovery_pool=self.recovery_pool,
         )
         partition = Partition(
             context,
@@ -223,7 +225,9 @@ class SimServer:
             self.world.spawn(self.partitions.pop(p).stop("crashed"))
         self.connections.clear()
         self.world.spawn(self.pool.close())
+        self.world.spawn(self.recovery_pool.close())
         self.pool = self._new_pool()
+        self.recovery_pool = self._new_pool()
 
 
 # --- the world ------------------------------------------------------------------------

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar, TypeVarTuple
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
 from waltz_client.cluster.access import DENY_ALL, AccessPolicy
@@ -38,6 +38,7 @@ from waltz_client.cluster.metadata import (
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.retention import RetentionPolicy
 from waltz_client.cluster.zk import close, connect
+from waltz_client.cluster.zk_async import completed
 from waltz_client.runtime.tasks import spawn, wait_for
 from waltz_client.runtime.tls import TlsFiles
 
@@ -122,8 +123,14 @@ class ServerCoordinator:
         """``fn(zk, root)`` (an admin library call) in a worker thread."""
         return await self._run(fn, self.zk, self.paths.root)
 
-    async def start(self, retry_every: float = 2.0) -> None:
-        """Connect, wait for the cluster to exist, register and start following."""
+    async def start(
+        self,
+        retry_every: float = 2.0,
+        before_registering: Callable[[ReplicaAssignment], Awaitable[None]] | None = None,
+    ) -> None:
+        """Connect, wait for the cluster to exist, register and start following.
+        ``before_registering``: given the replica assignment, readies the server before
+        it registers (the assigner gives a registered server partitions at once)."""
         self._loop = asyncio.get_running_loop()
         while self._zk is None:
             try:
@@ -147,6 +154,13 @@ class ServerCoordinator:
                 await asyncio.sleep(retry_every)
         # Nodes we create (registrations, client bindings) get the cluster's ACL.
         await self._run(adopt_cluster_acl, self.zk, self.paths.root)
+        if before_registering is not None:
+            try:
+                assignment, _ = await self._run(read_assignment, self.zk, self.paths.root)
+            except (ClusterError, MetadataError, KazooException) as e:
+                log.warning("not readying ahead: the replica assignment: %s", _describe(e))
+            else:
+                await before_registering(assignment)
         self.zk.add_listener(self._state_changed)
         await self._run(self._register)
         self.connected = True
@@ -405,10 +419,56 @@ class ServerCoordinator:
             except BadVersionError:
                 continue
 
+    # --- a planned stop -----------------------------------------------------------------
+
+    async def hand_over(self) -> bool:
+        """A planned stop (SIGTERM): give this server's partitions to the other live
+        servers now, while it still serves them. One ZooKeeper transaction deletes this
+        server's registration and writes the ownership without it (by compare-and-set), so
+        its partitions' new owners and the clients learn of the move from one change,
+        without waiting for this server's session to end and the assigner to notice. From
+        here on this server neither rebalances nor registers again. False when there is
+        nobody to hand over to, no session, or ZooKeeper did not answer in time: the stop
+        then goes on as before (the session's end hands the partitions over)."""
+        self._stopping = True
+        if not self.connected:
+            return False
+        try:
+            handed = await wait_for(self._run(self._hand_over_blocking), self.session_timeout)
+        except Exception as e:
+            log.warning("handing the partitions over failed: %s", _describe(e))
+            return False
+        return handed
+
+    def _hand_over_blocking(self) -> bool:
+        me = self.registration.server_id
+        while True:
+            others = [s for s in self.zk.get_children(self.paths.servers) if s != me]
+            if not others:
+                log.info("no other server to hand the partitions over to")
+                return False
+            num_partitions = read_params(self.zk, self.paths.root).num_partitions
+            data, stat = self.zk.get(self.paths.ownership)
+            new = assign_owners(Ownership.decode(data), num_partitions, others)
+            transaction = self.zk.transaction()
+            transaction.delete(self.paths.server(me))
+            transaction.set_data(self.paths.ownership, new.encode(), stat.version)
+            unregistered, written = transaction.commit()
+            if isinstance(written, BadVersionError):
+                continue  # the ownership changed meanwhile: over the newest (nothing applied)
+            if isinstance(unregistered, Exception) or isinstance(written, Exception):
+                raise MetadataConflict(f"handing over failed: {unregistered!r}, {written!r}")
+            log.info("partitions handed over to %s", ", ".join(sorted(others)))
+            return True
+
     # --- partition metadata (recovery_manager.MetadataStore) ----------------------------
 
+    # Recovery reads and writes each partition's metadata: asynchronously (zk_async.py),
+    # so that a server recovering many partitions at once has all their requests in
+    # flight rather than one a worker thread.
+
     async def read(self, partition_id: int) -> tuple[PartitionMetadata, int]:
-        data, stat = await self._run(self.zk.get, self.paths.partition(partition_id))
+        data, stat = await completed(self.zk.get_async(self.paths.partition(partition_id)))
         return PartitionMetadata.decode(data), stat.version
 
     async def write(
@@ -421,9 +481,7 @@ class ServerCoordinator:
         path = self.paths.partition(partition_id)
         if replicas is None:
             try:
-                stat = await self._run(
-                    lambda: self.zk.set(path, metadata.encode(), version=version)
-                )
+                stat = await completed(self.zk.set_async(path, metadata.encode(), version))
             except BadVersionError:
                 raise MetadataConflict(f"{path} changed under us") from None
             return stat.version
@@ -434,13 +492,10 @@ class ServerCoordinator:
                 f"{', '.join(assignment.replicas_of(partition_id)) if assignment else 'nothing'}"
             )
 
-        def commit() -> list:
-            transaction = self.zk.transaction()
-            transaction.check(self.paths.assignment, assignment_version)
-            transaction.set_data(path, metadata.encode(), version)
-            return transaction.commit()
-
-        checked, written = await self._run(commit)
+        transaction = self.zk.transaction()
+        transaction.check(self.paths.assignment, assignment_version)
+        transaction.set_data(path, metadata.encode(), version)
+        checked, written = await completed(transaction.commit_async())
         if isinstance(checked, BadVersionError):
             raise AssignmentChanged(f"the replica assignment changed (partition {partition_id})")
         if isinstance(written, BadVersionError):

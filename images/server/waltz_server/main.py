@@ -89,17 +89,41 @@ async def serve(config: ServerConfig) -> int:
     else:
         started.cancel()
     log.info("stopping")
+    if started in done:
+        await _hand_over(coordinator, server)
     await server.close()
     await coordinator.stop()
     await runner.cleanup()
     return 0
 
 
+# How long a stopping server waits for its partitions to stop after handing them over.
+HAND_OVER_WAIT = 10.0
+
+
+async def _hand_over(coordinator: ServerCoordinator, server: WaltzServer) -> None:
+    """A planned stop: the partitions go to the other servers first (``hand_over``),
+    and stop here as the ownership change reaches this server, as they would on any
+    move; the connections close only then. Their clients mount at the new owners from the
+    same change: a partition goes without commits only while its new owner recovers."""
+    if not await coordinator.hand_over():
+        return
+    deadline = asyncio.get_running_loop().time() + HAND_OVER_WAIT
+    while server.holds_partitions and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    if server.holds_partitions:
+        log.warning(
+            "partitions %s still here %g s after the hand-over; stopping them",
+            ", ".join(map(str, sorted(server.partitions))),
+            HAND_OVER_WAIT,
+        )
+
+
 async def _ready(coordinator: ServerCoordinator, server: WaltzServer) -> None:
     """Registered and following ZooKeeper, and the access policy read: the ready file
     (and /readyz) say so only then. Until the policy is read, requests answer NOT_READY
     (an unreadable policy keeps the server there: it refuses to guess)."""
-    await coordinator.start()
+    await coordinator.start(before_registering=server.ready_connections)
     polls = 0
     while server.access_policy is None:  # its watch reports through the loop, soon
         polls += 1

@@ -189,13 +189,20 @@ def join_order(candidates: Iterable[str], positions: Mapping[str, int], decided:
     return sorted(candidates, key=lambda a: (decided - positions[a], a))
 
 
+def far_behind(position: int, decided: int, inline_records: int) -> bool:
+    """Whether a replica at ``position`` is too far behind ``decided`` to be copied while
+    the partition waits (more than ``inline_records``)."""
+    return decided - position > inline_records
+
+
 def join_mode(
     position: int, decided: int, members: int, quorum: int, inline_records: int
 ) -> JoinMode:
     """How the next replica (in ``join_order``) reaches ``decided``, with ``members``
     joined so far. Copying more than ``inline_records`` would hold up the whole
-    partition's writes: only a replica the quorum needs is worth it."""
-    if decided - position > inline_records and members >= quorum:
+    partition's writes: only a replica the quorum needs is worth it. A replica not
+    ``far_behind`` joins inline whatever the count, so those may join all at once."""
+    if far_behind(position, decided, inline_records) and members >= quorum:
         return JoinMode.BACKGROUND
     return JoinMode.INLINE
 

@@ -41,6 +41,7 @@ from .recovery import (
     closing_metadata,
     decide,
     dirty_tails,
+    far_behind,
     join_mode,
     join_order,
     pick_source,
@@ -117,6 +118,17 @@ class RecoveryContext:
     # The server's shared connections, one a storage node, for the store session's
     # appends (storage_pool.py); None: the session keeps recovery's own connections.
     pool: StoragePool | None = None
+    # The server's shared connections for recoveries, one a storage node and apart from
+    # the appends' (so a recovery never queues behind them): when many partitions
+    # recover at once (a failover, a rolling restart), they share these instead of each
+    # dialling three of its own (with TLS, three handshakes each). Used with ``pool``
+    # only (without it, recovery's connections become the session's); None: each
+    # recovery dials its own.
+    recovery_pool: StoragePool | None = None
+
+    @property
+    def borrows_connections(self) -> bool:
+        return self.pool is not None and self.recovery_pool is not None
 
 
 _RETRYABLE = (
@@ -164,33 +176,63 @@ async def _new_session_id(ctx: RecoveryContext) -> tuple[PartitionMetadata, int]
     return meta, version
 
 
-async def _timed(ctx: RecoveryContext, call: Awaitable[T]) -> T:
-    """A storage call that must answer within the storage timeout (a paused node would
-    otherwise hold recovery forever)."""
-    return await wait_for(call, ctx.connect_timeout)
+async def _timed(ctx: RecoveryContext, client: StorageClient, call: Awaitable[T]) -> T:
+    """A storage call on ``client`` that must answer within the storage timeout (a
+    paused node would otherwise hold recovery forever). A connection silent that long is
+    closed (and, shared, dropped from the recovery pool): the next attempt dials afresh."""
+    try:
+        return await wait_for(call, ctx.connect_timeout)
+    except TimeoutError:
+        if ctx.borrows_connections:
+            assert ctx.recovery_pool is not None
+            ctx.recovery_pool.discard_client(client, "silent past the storage timeout")
+        else:
+            client.close_soon()
+        raise
+
+
+def _pool_key(ctx: RecoveryContext, address: str) -> PoolKey:
+    return PoolKey(address, ctx.cluster_key, ctx.num_partitions)
+
+
+async def _let_go(ctx: RecoveryContext, address: str, client: StorageClient) -> None:
+    """Done with a recovery connection: given back to the recovery pool, or closed."""
+    if ctx.borrows_connections:
+        assert ctx.recovery_pool is not None
+        await ctx.recovery_pool.release(_pool_key(ctx, address), client)
+    else:
+        await client.close()
 
 
 async def _connect(
     ctx: RecoveryContext, address: str, session_id: int
 ) -> tuple[StorageClient, StorageView]:
-    host, _, port = address.rpartition(":")
-    client = await StorageClient.connect(
-        host, int(port), timeout=ctx.connect_timeout, open_connection=ctx.open_connection
-    )
-    if not client.speaks_commit_time:
-        await client.close()
-        raise OlderStorageNode(
-            f"storage {address} speaks storage protocol {client.version}, which stores no "
-            f"commit times; upgrade the storage nodes before the servers (docs/operations.md, "
-            f"Upgrading)"
+    if ctx.borrows_connections:
+        assert ctx.recovery_pool is not None
+        client = await ctx.recovery_pool.acquire(_pool_key(ctx, address), ctx.connect_timeout)
+    else:
+        host, _, port = address.rpartition(":")
+        client = await StorageClient.connect(
+            host, int(port), timeout=ctx.connect_timeout, open_connection=ctx.open_connection
         )
     try:
-        await _timed(ctx, client.open(ctx.cluster_key, ctx.num_partitions))
+        if not client.speaks_commit_time:
+            raise OlderStorageNode(
+                f"storage {address} speaks storage protocol {client.version}, which stores "
+                f"no commit times; upgrade the storage nodes before the servers "
+                f"(docs/operations.md, Upgrading)"
+            )
+        if not ctx.borrows_connections:
+            await _timed(ctx, client, client.open(ctx.cluster_key, ctx.num_partitions))
         p = ctx.partition_id
-        info = await _timed(ctx, client.last_session_info(session_id, p))
-        top = await _timed(ctx, client.max_transaction_id(session_id, p))
+        # Both at once: one round trip (the node answers them in order, the first fencing
+        # the older sessions).
+        info, top = await asyncio.gather(
+            _timed(ctx, client, client.last_session_info(session_id, p)),
+            _timed(ctx, client, client.max_transaction_id(session_id, p)),
+        )
     except BaseException:
-        await client.close()
+        await _let_go(ctx, address, client)
         raise
     view = StorageView(info.last_session_id, info.low_water_mark, info.local_low_water_mark, top)
     return client, view
@@ -254,16 +296,16 @@ async def _attempt(
         session.log_start = meta.log_start
         session.last_commit_time = last_commit_time
         kept = {id(m.client) for m in members.values()}
-        for client in clients.values():
+        for address, client in clients.items():
             if id(client) not in kept:
-                await client.close()
+                await _let_go(ctx, address, client)
         handed_over = True
         return session
     finally:
         if not handed_over:
-            for client in clients.values():
+            for address, client in clients.items():
                 with contextlib.suppress(Exception):
-                    await client.close()
+                    await _let_go(ctx, address, client)
             for member in shared:
                 assert ctx.pool is not None and member.shared is not None
                 with contextlib.suppress(Exception):
@@ -322,7 +364,8 @@ async def _cut_dirty_tails(
     for address, a in assessments.items():
         if address in truncations:
             try:
-                await _timed(ctx, clients[address].truncate(session_id, p, truncations[address]))
+                client = clients[address]
+                await _timed(ctx, client, client.truncate(session_id, p, truncations[address]))
             except _RETRYABLE as e:
                 # One replica that cannot be cut back (down now, or claiming more is
                 # committed than the quorum decided) must not stall the others: it
@@ -359,26 +402,40 @@ async def _admit(
     members: dict[str, Member] = {}
     lagging: dict[str, int] = {}
     candidates = [a for a in clients if a in ctx.replicas and a not in refused]
-    for address in join_order(candidates, positions, decided):
+    order = join_order(candidates, positions, decided)
+    inline = ctx.catch_up.inline_records
+    # The replicas near the mark join inline whatever the others do: all at once (each a
+    # round trip and a sync on its node), in the join order's place. The far ones then
+    # go one by one, since whether one is needed depends on how many joined before it.
+    near = [a for a in order if not far_behind(positions[a], decided, inline)]
+
+    async def join(address: str) -> bool:
+        try:
+            await _clean(
+                ctx, session_id, clients[address], clients, positions, votes, address, decided
+            )
+        except _RETRYABLE as e:
+            _left_out(p, address, session_id, e)
+            return False
+        return True
+
+    for address, joined in zip(near, await asyncio.gather(*map(join, near)), strict=True):
+        if joined:
+            members[address] = Member(address, clients[address])
+    for address in order[len(near) :]:
         client = clients[address]
-        mode = join_mode(
-            positions[address], decided, len(members), quorum, ctx.catch_up.inline_records
-        )
+        mode = join_mode(positions[address], decided, len(members), quorum, inline)
         try:
             if mode is JoinMode.BACKGROUND:
                 # Its log is a committed prefix: say so, so that the copy is kept.
-                await _timed(ctx, client.set_low_water_mark(session_id, p, positions[address]))
+                await _timed(
+                    ctx, client, client.set_low_water_mark(session_id, p, positions[address])
+                )
                 lagging[address] = positions[address]
                 continue
             await _clean(ctx, session_id, client, clients, positions, votes, address, decided)
         except _RETRYABLE as e:
-            log.warning(
-                "partition %d: replica %s left out of session %d: %s",
-                p,
-                address,
-                session_id,
-                describe(e),
-            )
+            _left_out(p, address, session_id, e)
             continue
         members[address] = Member(address, client)
     if len(members) < quorum:
@@ -386,6 +443,16 @@ async def _admit(
             f"only {len(members)} of {len(ctx.replicas)} replicas are clean at {decided}"
         )
     return members, lagging
+
+
+def _left_out(partition: int, address: str, session_id: int, error: BaseException) -> None:
+    log.warning(
+        "partition %d: replica %s left out of session %d: %s",
+        partition,
+        address,
+        session_id,
+        describe(error),
+    )
 
 
 async def _last_commit_time(
@@ -399,7 +466,8 @@ async def _last_commit_time(
     p = ctx.partition_id
     for address, member in sorted(members.items()):
         try:
-            header = await _timed(ctx, member.client.record_header(session_id, p, decided))
+            client = member.client
+            header = await _timed(ctx, client, client.record_header(session_id, p, decided))
         except StorageFailure as e:
             if e.error != StorageError.TRANSACTION_NOT_FOUND:
                 raise
@@ -438,7 +506,7 @@ async def _apply_log_start(
         if address in refused or address not in ctx.replicas or not client.speaks_retention:
             continue
         try:
-            await _timed(ctx, client.set_log_start(session_id, p, log_start))
+            await _timed(ctx, client, client.set_log_start(session_id, p, log_start))
         except _RETRYABLE as e:
             log.error(
                 "partition %d: replica %s left out of session %d: moving its log start to "
@@ -477,15 +545,15 @@ async def _clean(
     p = ctx.partition_id
     plan = plan_replica(positions[address], decided)
     if plan.truncate_to is not None:
-        await _timed(ctx, client.truncate(session_id, p, plan.truncate_to))
+        await _timed(ctx, client, client.truncate(session_id, p, plan.truncate_to))
     if plan.catch_up_from is not None:
         source = clients[pick_source(positions, votes, decided)]
         next_txid = plan.catch_up_from
         while next_txid <= decided:
             count = min(CATCH_UP_CHUNK, decided - next_txid + 1)
-            batch = await _timed(ctx, source.records(session_id, p, next_txid, count))
+            batch = await _timed(ctx, source, source.records(session_id, p, next_txid, count))
             if not len(batch) or batch.first_txid != next_txid:
                 raise RecoveryStalled(f"catch-up source returned {batch!r} for {next_txid}")
-            await _timed(ctx, client.append(session_id, p, batch))
+            await _timed(ctx, client, client.append(session_id, p, batch))
             next_txid = batch.last_txid + 1
-    await _timed(ctx, client.set_low_water_mark(session_id, p, decided))
+    await _timed(ctx, client, client.set_low_water_mark(session_id, p, decided))

@@ -29,7 +29,7 @@ from .memory_budget import PartitionBounds, partition_bounds
 from .metrics import ServerMetrics
 from .partition import Partition, PartitionSettings
 from .recovery_manager import RecoveryContext
-from .storage_pool import StoragePool
+from .storage_pool import PoolKey, StoragePool
 from .storage_replacer import ReplacementView, StorageReplacer
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class WaltzServer:
         self._listener: asyncio.Server | None = None
         self._reconciler: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()  # partitions being stopped
+        self._stops_under_way = 0
         # How partitions reach storage nodes: over TLS when storage_tls_* are set.
         self._storage_dialer = (
             {
@@ -91,6 +92,8 @@ class WaltzServer:
         )
         # One connection a storage node, shared by every partition's store session.
         self.storage_pool = StoragePool(**self._storage_dialer)
+        # And one a storage node for recoveries, apart from the appends' (storage_pool.py).
+        self.recovery_pool = StoragePool(**self._storage_dialer)
         # Opt-in: the assigner replaces storage nodes that stay unreachable.
         self.replacer = (
             StorageReplacer(coordinator, config.replace_storage_after, self._storage_answers)
@@ -172,6 +175,21 @@ class WaltzServer:
         """Registered in ZooKeeper, and the access policy read: requests get answers."""
         return self.coordinator.connected and self.access_policy is not None
 
+    async def ready_connections(self, assignment: ReplicaAssignment) -> None:
+        """Before registering: a connection open to every storage node, for appends and
+        for recoveries, so that the partitions the assigner gives this server as soon as
+        it registers start without handshakes."""
+        params = self.coordinator.params
+        if params is None or not self.config.shared_storage_connections:
+            return
+        nodes = {PoolKey(a, params.key, params.num_partitions) for a in assignment.storages}
+        # A node down now must not hold the registration up for long.
+        timeout, wait = self.config.storage_timeout, min(self.config.storage_timeout, 2.0)
+        await asyncio.gather(
+            self.storage_pool.warm(nodes, timeout, wait),
+            self.recovery_pool.warm(nodes, timeout, wait),
+        )
+
     # --- ownership ----------------------------------------------------------------------
 
     def ownership_changed(self, owned: dict[int, int]) -> None:
@@ -209,7 +227,16 @@ class WaltzServer:
 
     async def _stop(self, partition: Partition, reason: str) -> None:
         log.info("partition %d: stopping: %s", partition.partition_id, reason)
-        await partition.stop(reason)
+        self._stops_under_way += 1
+        try:
+            await partition.stop(reason)
+        finally:
+            self._stops_under_way -= 1
+
+    @property
+    def holds_partitions(self) -> bool:
+        """Whether any partition is served here or still stopping."""
+        return bool(self.partitions) or self._stops_under_way > 0
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -226,6 +253,12 @@ class WaltzServer:
         params = self.coordinator.params
         if assignment is None or params is None:
             return
+        if self.config.shared_storage_connections:
+            # Open ahead, to every storage node: the partitions this server may be given.
+            nodes = {PoolKey(a, params.key, params.num_partitions) for a in assignment.storages}
+            for pool in (self.storage_pool, self.recovery_pool):
+                pool.hold(nodes, self.config.storage_timeout)
+        stopping: list[tuple[Partition, str]] = []
         for p, partition in list(self.partitions.items()):
             want = self._owned.get(p)
             replicas = tuple(assignment.replicas_of(p))
@@ -243,7 +276,11 @@ class WaltzServer:
                     if want != partition.generation
                     else "no replicas assigned"
                 )
-                await self._stop(partition, why)
+                stopping.append((partition, why))
+        # All at once: each waits for its tasks and its store session to end, and a
+        # server giving half its partitions to a newcomer would otherwise take that long
+        # once per partition.
+        await asyncio.gather(*(self._stop(partition, why) for partition, why in stopping))
         self._apply_memory_budget()
         for p, generation in sorted(self._owned.items()):
             if p in self.partitions:
@@ -268,6 +305,9 @@ class WaltzServer:
                     rate=self.config.catch_up_rate,
                 ),
                 pool=self.storage_pool if self.config.shared_storage_connections else None,
+                recovery_pool=self.recovery_pool
+                if self.config.shared_storage_connections
+                else None,
                 **self._storage_dialer,
             )
             partition = Partition(
@@ -328,5 +368,6 @@ class WaltzServer:
         await asyncio.gather(*(p.stop("server shutting down") for p in self.partitions.values()))
         self.partitions.clear()
         await self.storage_pool.close()
+        await self.recovery_pool.close()
         for conn in list(self.connections):
             conn.close()

@@ -14,8 +14,10 @@ storage timeout) is discarded: its connection is closed, so every session on it 
 the next dials afresh, as a paused or restarted node calls for. An error answer (a fenced
 session, a full disk on one partition) is one partition's and leaves the connection be.
 
-Recovery still dials its own connections: it runs rarely, may wait on a slow node, and
-must not queue behind other partitions' appends.
+Recoveries use a pool of their own (``RecoveryContext.recovery_pool``): they must not
+queue behind other partitions' appends, but when many partitions recover at once (a
+failover, a rolling restart), they share one connection a node rather than each dialling
+three, and over TLS, each one a handshake.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from waltz_client.runtime.tasks import wait_for
+from waltz_client.runtime.tasks import spawn, wait_for
 from waltz_client.wire.framing import OpenConnection
 from waltz_client.wire.storage_client import StorageClient
 
@@ -54,6 +56,9 @@ class StoragePool:
         self._entries: dict[PoolKey, _Entry] = {}
         self._dialing: dict[PoolKey, asyncio.Future[_Entry]] = {}
         self._closed = False
+        # Kept open with no session on them (``hold``); the tasks dialling them ahead.
+        self._held: frozenset[PoolKey] = frozenset()
+        self._warming: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         """Open shared connections."""
@@ -101,9 +106,40 @@ class StoragePool:
             await client.close()  # discarded and replaced meanwhile; make sure it is shut
             return
         entry.users -= 1
-        if entry.users <= 0:
+        if entry.users <= 0 and key not in self._held:
             del self._entries[key]
             await client.close()
+
+    async def warm(self, keys: set[PoolKey], timeout: float, wait: float) -> None:
+        """``hold`` these, and wait until each is dialled or failed, at most ``wait`` s
+        (the dials go on)."""
+        self.hold(keys, timeout)
+        if self._warming:
+            await asyncio.wait(set(self._warming), timeout=wait)
+
+    def hold(self, keys: set[PoolKey], timeout: float) -> None:
+        """Keep a connection to each of ``keys`` open, dialled now, even while no session
+        uses it: a failover or a rolling restart then starts on open connections instead
+        of handshakes (with TLS, a few milliseconds of CPU each, a partition each
+        before). Connections of keys no longer held close once unused. A dial that fails
+        is left to the next ``acquire``."""
+        released = self._held - keys
+        self._held = frozenset(keys)
+        for key in released:
+            entry = self._entries.get(key)
+            if entry is not None and entry.users <= 0:
+                del self._entries[key]
+                entry.client.close_soon()
+        for key in keys:
+            entry = self._entries.get(key)
+            if (entry is None or entry.client.closed) and key not in self._dialing:
+                spawn(self._warm(key, timeout), self._warming, f"dialling {key.address}", log)
+
+    async def _warm(self, key: PoolKey, timeout: float) -> None:
+        try:
+            await self._dial(key, timeout)
+        except Exception as e:  # unreachable now: the next acquire tries again
+            log.info("storage %s not reachable ahead of use: %s", key.address, e)
 
     def discard(self, key: PoolKey, client: StorageClient, reason: str) -> None:
         """``client`` failed at the connection level: close it (every session on it
@@ -115,8 +151,19 @@ class StoragePool:
             log.info("closing the shared connection to storage %s: %s", key.address, reason)
         client.close_soon()
 
+    def discard_client(self, client: StorageClient, reason: str) -> None:
+        """``discard`` for a connection known by itself: its entry, if it has one, goes;
+        it is closed either way."""
+        for key, entry in list(self._entries.items()):
+            if entry.client is client:
+                self.discard(key, client, reason)
+                return
+        client.close_soon()
+
     async def close(self) -> None:
         self._closed = True
+        for task in self._warming:
+            task.cancel()
         entries, self._entries = self._entries, {}
         for entry in entries.values():
             with contextlib.suppress(Exception):

@@ -1,0 +1,88 @@
+"""A planned stop (SIGTERM, as `waltz local`, systemd and Kubernetes send) hands the
+server's partitions over before it leaves: one ZooKeeper transaction gives them to the
+other server while the stopping one still holds its session, and a producer writing
+throughout loses nothing. A server with nobody to hand over to stops as before. Real
+daemons, real ZooKeeper."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+from server_harness import Put, ownership, read_all, wait_for
+
+from waltz_client import WaltzClient, WaltzClientConfig
+from waltz_client.client import SubmitStatus
+
+pytestmark = pytest.mark.timeout(240)
+
+PARTITIONS = 4
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def logged_at(path: str, text: str) -> list[str]:
+    """The timestamps of the lines of the log at ``path`` that contain ``text``."""
+    with open(path, encoding="utf-8") as f:
+        return [m.group(1) for line in f if text in line and (m := STAMP.match(line))]
+
+
+def test_a_stopped_server_hands_its_partitions_over_before_its_session_ends(make_cluster):
+    cluster = make_cluster(partitions=PARTITIONS, servers=2)
+    wait_for(
+        lambda: {owner for owner, _ in ownership(cluster).values()} == {"server-0", "server-1"},
+        what="both servers owning partitions",
+    )
+    leaving = ownership(cluster)[0][0]
+    assert leaving is not None
+    index = int(leaving.rsplit("-", 1)[1])
+    staying = f"server-{1 - index}"
+    moved = sorted(p for p, (owner, _) in ownership(cluster).items() if owner == leaving)
+    config = WaltzClientConfig(
+        cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False, max_retries=100
+    )
+    acknowledged: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+
+    async def scenario() -> int | None:
+        stopping = False
+        async with WaltzClient(config) as client:
+
+            async def produce(p: int) -> None:
+                i = 0
+                while not stopping or i < 20:
+                    data = b"%d-%d" % (p, i)
+                    if (await client.submit(Put(data, p))).status == SubmitStatus.COMMITTED:
+                        acknowledged[p].append(data)
+                    i += 1
+
+            producers = [asyncio.ensure_future(produce(p)) for p in range(PARTITIONS)]
+            await asyncio.sleep(0.5)
+            code = await asyncio.to_thread(cluster.servers[index].stop)
+            stopping = True
+            await asyncio.gather(*producers)
+        return code
+
+    code = asyncio.run(scenario())
+    assert code == 0, cluster.servers[index].log_tail()
+
+    log = cluster.servers[index].log_path
+    handed = logged_at(log, f"partitions handed over to {staying}")
+    closed = logged_at(log, "ZooKeeper session closed")
+    assert handed and closed, cluster.servers[index].log_tail(40)
+    # The other server took them up while this one still held its session: from the
+    # hand-over, not from the session's end.
+    other_log = cluster.servers[1 - index].log_path
+    for p in moved:
+        serving = logged_at(other_log, f"partition {p}: serving with generation")
+        assert serving and serving[-1] <= closed[-1], (p, serving, closed)
+    assert {owner for owner, _ in ownership(cluster).values()} == {staying}
+    for p in range(PARTITIONS):
+        assert len(acknowledged[p]) >= 20
+        assert read_all(cluster, p) == acknowledged[p], f"partition {p}"
+
+    # The last server has nobody to hand over to: it stops as before.
+    started = time.monotonic()
+    assert cluster.servers[1 - index].stop() == 0
+    assert time.monotonic() - started < 15
+    assert logged_at(other_log, "no other server to hand the partitions over to")
