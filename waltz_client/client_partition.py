@@ -153,6 +153,11 @@ class ClientPartition(Generic[T]):
 
     def mount_sent(self, req_id: ReqId, client_high_water_mark: int) -> None:
         """A Mount went out: its feed starts after ``client_high_water_mark``."""
+        if req_id.generation != self.generation:
+            # A new owner: the pauses grown while the old one was unreachable say nothing
+            # of it. The first refusal of a new owner is most often a server that has not
+            # yet read the ownership change its client saw: it is asked again soon.
+            self.backoff.reset()
         self.generation = req_id.generation
         self.applied = client_high_water_mark
         self.mount_req = req_id

@@ -204,7 +204,10 @@ class PartitionDriver(Generic[S]):
             except Exception as e:  # refused, timed out, a callback failing: retry it all
                 step = core.mount_failed(e)
                 log.info("partition %d: mounting at %s failed: %s", p, owner[0], e)
-                await asyncio.sleep(step.pause)
+                # A server going away closes its connections as ZooKeeper shows its
+                # partitions' new owners: mount there as soon as it does.
+                if ctx.view.owner(p) == owner:
+                    await ctx.view.changed(step.pause)
                 continue
             step = core.mount_answered(status)
             if step.ready:
@@ -215,7 +218,8 @@ class PartitionDriver(Generic[S]):
             log.info("partition %d: mount at %s answered %s", p, endpoint, status.name)
             if step.close_stream and link.stream is not None:
                 await link.stream.close()
-            await ctx.view.changed(step.pause)
+            if ctx.view.owner(p) == owner:  # else it moved meanwhile: mount there now
+                await ctx.view.changed(step.pause)
 
     def stream_closed(self, link: ServerLink, conn: ServerConnection) -> None:
         """The stream connection ``conn`` of ``link`` closed: mount again if it was ours."""
