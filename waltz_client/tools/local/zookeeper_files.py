@@ -28,7 +28,9 @@ def log4j2_path(data_dir: str) -> str:
 def server_config(data_dir: str, host: str, port: int) -> dict[str, str]:
     """``zoo.cfg``'s settings of a standalone server on ``host:port``."""
     return {
-        "tickTime": "2000",
+        # Sessions expire on tick boundaries, up to a tick after their timeout: a dead
+        # server's partitions move after its session timeout + at most 0.5 s.
+        "tickTime": "500",
         "dataDir": data_dir,
         "clientPort": str(port),
         "clientPortAddress": host,
@@ -69,8 +71,8 @@ def tls_config(data_dir: str, host: str, secure_port: int, tls: TlsFiles) -> dic
 
 def quorum_config(data_dir: str, server_id: int, quorum: dict[int, str]) -> dict[str, str]:
     """The settings of member ``server_id`` of an ensemble; writes its ``myid`` now."""
-    # Ticks a follower may take to connect and sync, and to stay in sync.
-    config = {"initLimit": "10", "syncLimit": "5"}
+    # Ticks (of 0.5 s) a follower may take to connect and sync, and to stay in sync.
+    config = {"initLimit": "40", "syncLimit": "20"}
     config.update({f"server.{i}": address for i, address in sorted(quorum.items())})
     _write_file(os.path.join(data_dir, "myid"), f"{server_id}\n")
     return config
