@@ -16,6 +16,7 @@ from waltz_client.tools.demo.failover_time import (
     gap_across,
     kill_table,
     longest_gap,
+    outage_across,
     per_partition,
     roll_table,
 )
@@ -30,6 +31,13 @@ def test_the_gap_across_an_event() -> None:
     assert gap_across(times, 3.0) == (4.5, 4.5)  # a commit at the instant is before it
     assert gap_across(times, 0.5) == (0.5, 0.5)  # nothing before: from the event
     assert gap_across(times, 9.0) is None  # nothing after
+    # For a partition the kill stopped, answers read just after it (sent before it) do
+    # not hide the outage after them.
+    outage = [1.0, 2.0, 3.0, 3.6, 3.7, 9.0, 9.1]
+    assert gap_across(outage, 3.5) == pytest.approx((0.6, 0.1))
+    assert outage_across(outage, 3.5) == pytest.approx((5.3, 5.5))
+    assert outage_across([2.0, 2.5], 0.5) == (1.5, 1.5)
+    assert outage_across(times, 9.0) is None
 
 
 def test_the_longest_gap_within_a_window() -> None:
