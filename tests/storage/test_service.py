@@ -897,3 +897,67 @@ def test_snapshot_reports_the_partition_state(tmp_path: Path) -> None:
         assert (len(offsets), end, problem) == (7, size, None)
     finally:
         node.close()
+
+
+# --- the control file's fsync, once a group ---------------------------------------------
+
+
+def test_a_group_fencing_many_partitions_syncs_the_control_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server recovering many partitions at once fences and cleans them all on each
+    node: one fsync of the control file a group, not one a partition, and every answer
+    only after it. Each partition's state is durable (read back from the file)."""
+    partitions = set(range(8))
+    node = open_node(tmp_path, partitions, num=8)
+    try:
+        calls = count_fsyncs(monkeypatch)
+        group = [
+            (
+                node.partitions[p],
+                [LastSessionInfoRequest(3, 1, p), MaxTransactionIdRequest(3, 2, p)],
+            )
+            for p in sorted(partitions)
+        ]
+        answers = node.process_group(group)
+        assert [a[0] for a in answers] == [
+            LastSessionInfoResponse(3, 1, p, -1, -1, -1) for p in sorted(partitions)
+        ]
+        assert [os.path.basename(c) for c in calls] == ["waltz-storage.ctl"]  # for 8 fences
+        calls.clear()
+        group = [
+            (node.partitions[p], [SetLowWaterMarkRequest(3, 3, p, -1)]) for p in sorted(partitions)
+        ]
+        assert node.process_group(group) == [[SuccessResponse(3, 3, p)] for p in sorted(partitions)]
+        assert [os.path.basename(c) for c in calls] == ["waltz-storage.ctl"]
+        # One partition alone syncs at once, as before.
+        calls.clear()
+        node.partitions[0].process([LastSessionInfoRequest(4, 4, 0)])
+        assert [os.path.basename(c) for c in calls] == ["waltz-storage.ctl"]
+        monkeypatch.undo()
+        assert not any(svc.defer_control_sync for svc in node.partitions.values())
+    finally:
+        node.close()
+    for p in sorted(partitions):
+        info = control_info(tmp_path, p)
+        assert info.fence_session_id == (4 if p == 0 else 3) and info.session_id == 3
+
+
+def test_a_failed_control_file_fsync_fails_every_answer_of_its_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = open_node(tmp_path)
+    try:
+        fail_fsyncs(monkeypatch)
+        group = [(node.partitions[p], [LastSessionInfoRequest(2, 1, p)]) for p in (0, 1)]
+        answers = node.process_group(group)
+        monkeypatch.undo()
+        for (answer,) in answers:
+            assert_failure(answer, StorageError.IO_ERROR, "fsync of the control file failed")
+        for p in (0, 1):
+            svc = node.partitions[p]
+            assert svc.failed_after_open and not svc.defer_control_sync
+            (response,) = svc.process([MaxTransactionIdRequest(2, 2, p)])
+            assert_failure(response, StorageError.PARTITION_UNAVAILABLE)
+    finally:
+        node.close()

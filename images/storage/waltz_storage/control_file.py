@@ -261,8 +261,12 @@ class ControlFile:
             return a
         return a if a.sequence > b.sequence else b
 
-    def write_partition(self, partition_id: int, info: PartitionInfo) -> PartitionInfo:
-        """Persist ``info`` into the slot not holding the newest struct; fsync; return it."""
+    def write_partition(
+        self, partition_id: int, info: PartitionInfo, *, sync: bool = True
+    ) -> PartitionInfo:
+        """Persist ``info`` into the slot not holding the newest struct; fsync (unless
+        ``sync`` is false: the caller then calls ``sync`` before anything depends on it);
+        return it."""
         with self._lock:
             a, b = self._read_slots(partition_id)
             if a is None and b is None:
@@ -273,8 +277,15 @@ class ControlFile:
                 newest_slot, sequence = 1, b.sequence
             stored = replace(info, sequence=sequence + 1)
             os.pwrite(self._fd, stored.encode(), slot_offset(partition_id, 1 - newest_slot))
-            os.fsync(self._fd)
+            if sync:
+                os.fsync(self._fd)
             return stored
+
+    def sync(self) -> None:
+        """fsync what ``write_partition(..., sync=False)`` wrote: one fsync for the
+        session states of many partitions (a group of requests, ``process_group``)."""
+        with self._lock:
+            os.fsync(self._fd)
 
     def close(self) -> None:
         with self._lock:

@@ -121,6 +121,11 @@ class PartitionService:
         # Serialises process() and close(); on release it publishes the state that
         # snapshot() returns, so a metrics scrape never waits behind an fsync.
         self._lock = PublishingLock(self._state)
+        # Set by ``process_group`` for a group of several partitions: this partition's
+        # control-file writes (a newer session adopted, a low-water mark) leave their
+        # fsync to one for the whole group, made before any of its answers goes.
+        self.defer_control_sync = False
+        self.control_unsynced = False  # written since, not yet synced
         # Set by the daemon when it follows ZooKeeper: a newer session is adopted only
         # once the metadata records it, so a stranger cannot fence the owner out.
         self.session_checks: SessionChecks | None = None
@@ -329,13 +334,38 @@ class PartitionService:
             if unknown is not None:
                 return self._failure(request, StorageError.SESSION_UNKNOWN, unknown)
             try:
-                self.info = self._control.write_partition(
-                    self.partition_id, replace(self.info, fence_session_id=request.session_id)
+                self.info = self._write_control(
+                    replace(self.info, fence_session_id=request.session_id)
                 )
             except OSError as e:
                 self._fail(f"could not persist session {request.session_id}: {e}")
                 return self._failure(request, StorageError.IO_ERROR, self.unavailable or "")
         return None
+
+    def _write_control(self, info: PartitionInfo) -> PartitionInfo:
+        stored = self._control.write_partition(
+            self.partition_id, info, sync=not self.defer_control_sync
+        )
+        if self.defer_control_sync:
+            self.control_unsynced = True
+        return stored
+
+    @property
+    def control(self) -> ControlFile:
+        return self._control
+
+    def control_synced(self, pending: PendingAppends, error: OSError | None) -> None:
+        """The group's fsync of the control file ran (``error``: it failed). Failed, what
+        this partition wrote there is in doubt as after any failed fsync: it stops
+        serving until a restart, and every answer of its group fails."""
+        self.control_unsynced = False
+        if error is None:
+            return
+        self._fail(f"fsync of the control file failed: {error}")
+        reason = self.unavailable or ""
+        pending.responses = [
+            self._failure(r, StorageError.IO_ERROR, reason) for r in pending.requests
+        ]
 
     def _unrecorded(self, session_id: int) -> str | None:
         """Why ``session_id`` may not be adopted, or None when the metadata records it."""
@@ -377,14 +407,10 @@ class PartitionService:
                 )
                 if refused is not None:
                     raise TruncateRefused(refused)
-                self.info = self._control.write_partition(
-                    self.partition_id,
+                self.info = self._write_control(
                     replace(
-                        self.info,
-                        session_id=s,
-                        low_water_mark=mark,
-                        local_low_water_mark=local,
-                    ),
+                        self.info, session_id=s, low_water_mark=mark, local_low_water_mark=local
+                    )
                 )
                 return SuccessResponse(s, q, p)
             case TruncateRequest(transaction_id=txid):

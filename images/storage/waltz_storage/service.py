@@ -35,7 +35,7 @@ from .errors import ControlFileError, PartitionRefused, StorageEngineError
 from .group_sync import GroupSync, already_durable
 from .metrics import StorageMetrics
 from .partition import PartitionLog
-from .partition_service import PartitionService, SessionAuthority
+from .partition_service import PartitionService, PendingAppends, SessionAuthority
 from .session_checks import SessionChecks
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,17 @@ def process_group(
 ) -> list[list[StorageMessage]]:
     """Each partition's requests in order; the responses of each. The appends become
     durable before any is answered: with one group sync when several partitions appended."""
+    several = len(group) > 1
     with contextlib.ExitStack() as held:
         pending = []
         for service, requests in group:
             held.enter_context(service.lock)
+            if several:
+                # One control-file fsync for the group (``_sync_control``), not one a
+                # partition: a server recovering a hundred partitions at once fences and
+                # cleans them all on each node.
+                service.defer_control_sync = True
+                held.callback(_stop_deferring, service)
             with _log_context(service, requests):
                 pending.append(service.write(requests))
         appending = [p for p in pending if p.unsynced]
@@ -72,7 +79,30 @@ def process_group(
             for p in appending:
                 with log_context(partition=p.service.partition_id):
                     p.service.commit(p)
+        if several:
+            _sync_control(pending)  # last: a failure replaces every answer of its partition
         return [p.responses for p in pending]  # type: ignore[misc]
+
+
+def _stop_deferring(service: PartitionService) -> None:
+    service.defer_control_sync = False
+
+
+def _sync_control(pending: list[PendingAppends]) -> None:
+    """One fsync of each control file the group's partitions wrote without one; a
+    failure fails those partitions and all their answers (``control_synced``)."""
+    written = [p for p in pending if p.service.control_unsynced]
+    controls = {id(p.service.control): p.service.control for p in written}
+    errors: dict[int, OSError | None] = {}
+    for key, control in controls.items():
+        try:
+            control.sync()
+            errors[key] = None
+        except OSError as e:
+            errors[key] = e
+    for p in written:
+        with log_context(partition=p.service.partition_id):
+            p.service.control_synced(p, errors[id(p.service.control)])
 
 
 def _log_context(service: PartitionService, requests: list[StorageMessage]) -> log_context:
