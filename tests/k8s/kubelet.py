@@ -115,6 +115,10 @@ class Kubelet:
         self.address_book = tuple(f"127.0.0.1:{port}" for port, _ in self.storage_ports)
         self.pods: dict[str, Pod] = {}
         self.started: list[str] = []  # pod names, in the order they were (re)started
+        # Processes being started, with the thread starting each: a start that the end
+        # of the test cancels still runs to its end in that thread, and its process must
+        # be stopped then, or it outlives the test.
+        self._starting: dict[DaemonProcess, asyncio.Future[Any]] = {}
         # Each storage pod stopped while its StatefulSet wanted it (deleted for a roll):
         # (pod, how many other storage pods were running at that moment).
         self.storage_stops: list[tuple[str, int]] = []
@@ -147,6 +151,10 @@ class Kubelet:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        for process, starting in list(self._starting.items()):
+            with contextlib.suppress(Exception):
+                await starting
+            await asyncio.to_thread(process.stop)
         await asyncio.gather(*(asyncio.to_thread(p.process.stop) for p in self.pods.values()))
 
     async def _run(self) -> None:
@@ -582,7 +590,10 @@ class Kubelet:
             env=env,
         )
         self._report(pod, False, phase="Running")
-        await asyncio.to_thread(process.start, 60.0)
+        starting = asyncio.get_running_loop().run_in_executor(None, process.start, 60.0)
+        self._starting[process] = starting
+        await asyncio.shield(starting)
+        del self._starting[process]
         self.pods[name] = Pod(name, pod["metadata"]["uid"], process, http_port, component)
         self.started.append(name)
 
