@@ -43,6 +43,7 @@ from test_helm import by_kind, render
 from waltz_client.cluster.errors import ClusterError
 from waltz_client.cluster.zk import close, connect
 from waltz_client.runtime.tls import TlsFiles
+from waltz_client.tools.local.cluster import _free_port as pick_port
 from waltz_client.tools.local.zookeeper import (
     QUORUM_MAIN,
     ZooKeeperUnavailable,
@@ -66,10 +67,14 @@ IMAGE_ENV = {
 }
 
 
+_PICKED: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Below the kernel's ephemeral range, in this worker's slice (as local clusters
+    pick): a port from the ephemeral range may become some outgoing connection's source
+    port before ZooKeeper binds it (a CI run failed so: "Address already in use")."""
+    return pick_port(_PICKED)
 
 
 def _mount(directory: Path, secret: dict[str, Any], stamp: str) -> None:
