@@ -99,7 +99,7 @@ def test_a_new_replica_is_copied_in_the_background_and_joins(make_cluster):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--load", "2"], "--load must be in (0, 1], got 2.0"),
+        (["--load", "2"], "--load must be in [0, 1], got 2.0"),
         (["--transactions", "0"], "--transactions must be at least 1, got 0"),
         (["--size", "-1"], "--size must be at least 0, got -1"),
     ],

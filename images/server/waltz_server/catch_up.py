@@ -258,7 +258,7 @@ class CatchUp:
     def _report_done(self) -> None:
         took = max(1e-9, asyncio.get_running_loop().time() - self.progress.started)
         log.info(
-            "partition %d: replica %s caught up to %d: %d transactions in %.1f s (%.0f/s)",
+            "partition %d: replica %s caught up to %d: %d transactions in %.2f s (%.0f/s)",
             self.partition_id,
             self.address,
             self.progress.copied_through,

@@ -55,7 +55,8 @@ def register(cmds: argparse._SubParsersAction) -> None:
         "--load",
         type=float,
         default=0.5,
-        help="producer rate during the copy, as a fraction of the saturated rate (0.5)",
+        help="producer rate during the copy, as a fraction of the saturated rate; 0 copies "
+        "with no producer (default 0.5)",
     )
     p.add_argument("--data-dir", help="cluster directory (default: a temporary one)")
     p.set_defaults(func=cmd_bench_catch_up)
@@ -200,7 +201,7 @@ def cmd_bench_catch_up(args: argparse.Namespace) -> int:
     problems = [
         (args.transactions < 1, f"--transactions must be at least 1, got {args.transactions}"),
         (args.size < 0, f"--size must be at least 0, got {args.size}"),
-        (not 0 < args.load <= 1, f"--load must be in (0, 1], got {args.load}"),
+        (not 0 <= args.load <= 1, f"--load must be in [0, 1], got {args.load}"),
     ]
     for bad, message in problems:
         if bad:
