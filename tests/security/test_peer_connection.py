@@ -261,3 +261,15 @@ def test_close_for_aborts_and_the_guard_forgets_the_partial_frame_when_lost() ->
     conn.connection_lost(None)
     assert peer_guard.partial_bytes == 0 and not peer_guard.connections
     assert conn.eof_received() is False and conn.told == []
+
+
+def test_an_idle_connection_keeps_no_backlog() -> None:
+    """Frames wait in a deque only while some do: an idle connection holds none (an
+    empty deque is 760 bytes, and a server holds a connection per client)."""
+    conn, _ = connected()
+    assert conn._backlog is None
+    conn.hold = True
+    conn.data_received(frame(1, b"a") + frame(2, b"b"))
+    assert conn._backlog is not None and len(conn._backlog) == 2
+    conn.release()
+    assert conn.taken == [(1, b"a"), (2, b"b")] and conn._backlog is None

@@ -141,9 +141,9 @@ def test_a_commit_is_pushed_to_a_waiting_feed_in_the_same_call() -> None:
         assert isinstance(flush, FlushResponse) and flush.transaction_id == -1
         for _ in range(10):
             await asyncio.sleep(0)
-        assert len(connection.messages()) == 3  # the task woke for nothing more to send
+        assert len(connection.messages()) == 3  # nothing more to send
         (sub,) = partition.subscriptions
-        assert sub.cursor == 3 and not sub.task.done()
+        assert sub.cursor == 3 and sub.task is None  # an idle feed holds no task
 
     asyncio.run(scenario())
 
@@ -153,13 +153,17 @@ def test_a_feed_whose_socket_is_full_is_left_to_its_task() -> None:
         connection = Connection()
         connection.broken = False
         partition = await mounted_partition(connection)
+        (sub,) = partition.subscriptions
+        assert sub.task is None  # idle: no task
         connection.writable = False
         partition._committed(committed_batch(0, 2), 0.0)
         assert len(connection.messages()) == 1  # nothing pushed past a full socket
+        assert sub.task is not None  # the task waits for the socket
         connection.writable = True
         for _ in range(10):
             await asyncio.sleep(0)
         feed = connection.messages()[1]
         assert isinstance(feed, FeedData) and [h.transaction_id for h in feed.headers] == [0, 1]
+        assert sub.task is None  # done, and idle again
 
     asyncio.run(scenario())

@@ -58,6 +58,30 @@ class PeerConnection(asyncio.Protocol, abc.ABC):
     protocol_versions: ClassVar[range]
     errors: ClassVar[ErrorKinds]
 
+    # Slots, not a dict an instance: a server holds a connection per client.
+    __slots__ = (
+        "__weakref__",
+        "_accepted",
+        "_admitted",
+        "_backlog",
+        "_closed",
+        "_decoder",
+        "_frame",
+        "_guard",
+        "_hello",
+        "_on_error",
+        "_ready",
+        "_socket_paused",
+        "_transport",
+        "_unready_max_frame_bytes",
+        "_write_buffer_bytes",
+        "address",
+        "connected_at",
+        "identity",
+        "peer",
+        "version",
+    )
+
     def __init__(
         self,
         guard: PeerGuard,
@@ -84,7 +108,8 @@ class PeerConnection(asyncio.Protocol, abc.ABC):
         self._decoder: FrameDecoder | None = None  # after the hello
         # Frames received but not yet taken: one socket read can hold hundreds of
         # requests, and they wait here (the socket unread) while something says stop.
-        self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
+        # None while empty: an empty deque is 760 bytes, and an idle connection has none.
+        self._backlog: collections.deque[tuple[int, bytes]] | None = None
         self._socket_paused = False
 
     # --- what the daemon decides ---------------------------------------------------------
@@ -191,7 +216,7 @@ class PeerConnection(asyncio.Protocol, abc.ABC):
         self._closed = True
         self._transport = None
         self._accepted = None
-        self._backlog.clear()
+        self._backlog = None
         if self._admitted:
             self._guard.forget(self, self._frame.partial)
         # The partial frame goes now, not when the cyclic collector finds this object (it
@@ -216,7 +241,12 @@ class PeerConnection(asyncio.Protocol, abc.ABC):
             self._handshake(data)
             return
         try:
-            self._backlog.extend(self._decoder.feed(data))
+            frames = self._decoder.feed(data)
+            if frames:
+                if self._backlog is None:
+                    self._backlog = collections.deque(frames)
+                else:
+                    self._backlog.extend(frames)
             self._frame.update(self._decoder.buffered)
         except ProtocolError as e:
             self._reject(f"{type(e).__name__}: {e}")
@@ -263,6 +293,9 @@ class PeerConnection(asyncio.Protocol, abc.ABC):
         except ProtocolError as e:
             self._reject(f"{type(e).__name__}: {e}")
             return
+        finally:
+            if not backlog and self._backlog is backlog:
+                self._backlog = None
         self._update_reading()
 
     def _update_reading(self) -> None:
@@ -297,7 +330,7 @@ class PeerConnection(asyncio.Protocol, abc.ABC):
             self._transport.close()
         self._closed = True
         self._decoder = None  # buffered input dropped
-        self._backlog.clear()
+        self._backlog = None
 
     def hang_up(self) -> None:
         """The daemon stops: close whatever transport the connection has, the TLS one or,

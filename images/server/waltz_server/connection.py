@@ -97,6 +97,32 @@ class ClientConnectionHandler(PeerConnection):
         malformed="malformed",
         unauthorized="unauthorized",
     )
+    __slots__ = (
+        "_access",
+        "_access_seen",
+        "_allocations",
+        "_allowed",
+        "_backlog_drain",
+        "_bindings",
+        "_budget_stopped",
+        "_held",
+        "_max_data_bytes",
+        "_mounted",
+        "_on_close",
+        "_out",
+        "_partitions",
+        "_pauses",
+        "_proven",
+        "_read_bytes_in_flight",
+        "_read_limited",
+        "_reads_in_flight",
+        "_tasks",
+        "_write_blocked",
+        "_write_paused",
+        "feeds",
+        "limits",
+        "partitions_touched",
+    )
 
     def __init__(
         self,
@@ -131,7 +157,7 @@ class ClientConnectionHandler(PeerConnection):
         self._bindings = bindings
         self._proven: set[int] = set()
         self._allocations = 0
-        self._held: collections.deque[ClientMessage] = collections.deque()
+        self._held: collections.deque[ClientMessage] | None = None  # a deque while any
         # The cluster's access policy (it may change at any time; None: not read yet) and,
         # for the policy last seen, what this connection's identity may do per
         # (partition, access).
@@ -145,8 +171,9 @@ class ClientConnectionHandler(PeerConnection):
         self._mounted: dict[tuple[int, int], int] = {}  # (client, partition) -> connection seq
         self._pauses = 0  # reasons to stop taking requests
         self._backlog_drain: asyncio.Handle | None = None
-        self._writable = asyncio.Event()
-        self._writable.set()
+        # While the socket takes no more: set when it does again (None: writable; an
+        # Event holds a 760-byte deque, and most connections never fill their socket).
+        self._write_paused: asyncio.Event | None = None
         self._tasks: set[asyncio.Task] = set()
         self.partitions_touched: set[int] = set()
 
@@ -202,10 +229,17 @@ class ClientConnectionHandler(PeerConnection):
 
     @property
     def writable(self) -> bool:
-        return self._writable.is_set()
+        return self._write_paused is None
 
     async def drained(self) -> None:
-        await self._writable.wait()
+        paused = self._write_paused
+        if paused is not None:
+            await paused.wait()
+
+    def _writes_resumed(self) -> None:
+        paused, self._write_paused = self._write_paused, None
+        if paused is not None:
+            paused.set()
 
     def mounted_seq(self, client_id: int, partition_id: int) -> int | None:
         return self._mounted.get((client_id, partition_id))
@@ -239,18 +273,19 @@ class ClientConnectionHandler(PeerConnection):
         if self._backlog_drain is not None:
             self._backlog_drain.cancel()
         self._out = None
-        self._writable.set()
+        self._writes_resumed()
         for task in self._tasks:
             task.cancel()
         if self._admitted:
             self._on_close(self)
 
     def pause_writing(self) -> None:
-        self._writable.clear()
+        if self._write_paused is None:
+            self._write_paused = asyncio.Event()
         self._hold("_write_blocked", True)  # replies pile up: stop taking requests
 
     def resume_writing(self) -> None:
-        self._writable.set()
+        self._writes_resumed()
         self._hold("_write_blocked", False)
 
     def _may_take_frames(self) -> bool:
@@ -300,6 +335,8 @@ class ClientConnectionHandler(PeerConnection):
         """Dispatch, or hold (with everything after it, in order) while the connection's
         right to act as the message's client ID is checked, or a client ID allocated."""
         if self._held or self._unproven(message) or isinstance(message, AllocateClientIdRequest):
+            if self._held is None:
+                self._held = collections.deque()
             self._held.append(message)
             if len(self._held) == 1:
                 self.pause_reading()
@@ -318,11 +355,20 @@ class ClientConnectionHandler(PeerConnection):
         )
 
     async def _prove_held(self) -> None:
+        held = self._held
+        assert held is not None
         try:
-            while self._held and not self._closed:
-                message = self._held[0]
+            await self._work_through_held(held)
+        finally:
+            if not held:
+                self._held = None
+
+    async def _work_through_held(self, held: collections.deque[ClientMessage]) -> None:
+        try:
+            while held and not self._closed:
+                message = held[0]
                 if isinstance(message, AllocateClientIdRequest):
-                    self._held.popleft()
+                    held.popleft()
                     await self._allocate(message)
                     continue
                 if self._unproven(message):
@@ -336,15 +382,15 @@ class ClientConnectionHandler(PeerConnection):
                             "closing",
                             f"identity {self.identity!r} may not use client ID {client_id}: {why}",
                         )
-                        self._held.clear()
+                        held.clear()
                         self.close()
                         return
                     self._proven.add(client_id)
-                self._held.popleft()
+                held.popleft()
                 self._dispatch(message)
         except Exception as e:  # ZooKeeper unreachable: refuse rather than guess
             self._warn("closing", f"cannot check its client ID: {describe(e)}")
-            self._held.clear()
+            held.clear()
             self.close()
             return
         self.resume_reading()

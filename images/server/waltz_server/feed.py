@@ -2,14 +2,16 @@
 
 From the client's high-water mark on, in order, from the feed cache or from storage,
 laid out for the connection's protocol version (from 3 on with commit times);
-Mount and Flush answers are queued on it behind the transactions they cover. One task
-per feed, so a slow reader waits for its own socket and stalls nobody else. A feed that
-fails ends its subscription and tells its client (Feed Suspended).
+Mount and Flush answers are queued on it behind the transactions they cover. A feed
+that has to wait (a storage read, a full socket) does so in a task of its own, so a slow
+reader waits for its own socket and stalls nobody else; an idle feed holds no task. A
+feed that fails ends its subscription and tells its client (Feed Suspended).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
 from typing import Protocol
@@ -86,7 +88,26 @@ class FeedSource(Protocol):
 
 class Subscription:
     """A connection's feed of one partition, from ``cursor`` on, with mount and flush
-    answers queued behind the transactions they cover."""
+    answers queued behind the transactions they cover.
+
+    A feed that has sent everything holds no task: commits are pushed to it in the call
+    that committed them (``push``), and a task runs only while the feed has to wait
+    (storage reads, a full socket, a partition recovering). Thousands of idle mounted
+    clients then cost the server their state, not a parked task and its wake-up each."""
+
+    __slots__ = (
+        "_busy",
+        "_context",
+        "_ended",
+        "connection",
+        "cursor",
+        "markers",
+        "mounted",
+        "partition",
+        "req_id",
+        "task",
+        "version",
+    )
 
     def __init__(
         self,
@@ -102,27 +123,54 @@ class Subscription:
         self.version = connection.version  # its feed's layout (settled before any request)
         self.req_id = req_id
         self.cursor = client_high_water_mark + 1
-        self.markers: deque[tuple[int, bytes]] = deque()
-        self.wake = asyncio.Event()
-        self._parked = False  # the task waits for ``wake`` with nothing left to send
-        self.task = asyncio.get_running_loop().create_task(self._run())
+        # Answers waiting for the transactions they cover; None when there are none (an
+        # empty deque is 760 bytes, and most feeds have none most of the time).
+        self.markers: deque[tuple[int, bytes]] | None = None
+        # The running task, while the feed has to wait for something; None when idle.
+        self.task: asyncio.Task[None] | None = None
+        self._busy = False  # the task has started (a task only created is not yet)
+        self._ended = False
+        # The caller's context (its log fields name the partition), for every task.
+        self._context = contextvars.copy_context()
+        self.wake()  # from the client's high-water mark to the partition's
+
+    def wake(self) -> None:
+        """Something may be due (commits, answers, the partition serving again, a new
+        log start): run the feed's task unless it runs already (it looks again at
+        everything after each wait) or the feed has ended."""
+        if self.task is None and not self._ended:
+            self.task = asyncio.get_running_loop().create_task(self._run(), context=self._context)
+
+    def stop(self) -> None:
+        """End the feed: its task, if any, and every later wake."""
+        self._ended = True
+        if self.task is not None:
+            self.task.cancel()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
 
     def add_marker(self, through: int, frame: bytes, wake: bool = True) -> None:
         """Send ``frame`` once the feed has delivered every transaction up to ``through``
         (``wake``: False when a ``push`` follows at once)."""
+        if self.markers is None:
+            self.markers = deque()
         self.markers.append((through, frame))
         if wake:
-            self.wake.set()
+            self.wake()
 
     def push(self) -> None:
-        """New commits: when the task is parked waiting for them, the feed cache holds
-        them and the socket takes more, send them now, in the turn that committed them;
-        otherwise wake the task (which also reads storage and waits for the socket).
-        Saves a wake of the task and a turn of the loop on every commit."""
+        """New commits: when no task is at work (none, or one woken that has not run yet),
+        the feed cache holds them and the socket takes more, send them now, in the turn
+        that committed them; otherwise leave them to the task (which also reads storage
+        and waits for the socket)."""
+        if self._busy or self._ended:
+            return  # the running task sees the new high-water mark after its wait
         p = self.partition
         connection = self.connection
-        if not self._parked or connection.closed or not p.healthy:
-            self.wake.set()
+        if connection.closed or not p.healthy:
+            self.wake()
             return
         try:
             hwm = p.high_water_mark
@@ -135,11 +183,11 @@ class Subscription:
             self._send_markers()
         except Exception as e:  # as in _run: end this feed, and say so to its client
             log.exception("partition %d: feed to a client failed", p.partition_id)
-            self.task.cancel()
+            self.stop()
             p.end_subscription(self, f"feed failed: {describe(e)}")
             return
         if self.cursor <= hwm or not connection.writable:
-            self.wake.set()  # the rest is for the task: storage reads, a full socket
+            self.wake()  # the rest is for the task: storage reads, a full socket
 
     def _deliver(self, headers: list[bytes]) -> None:
         """Send the next ``headers`` (from the cursor on) and move past them."""
@@ -148,16 +196,25 @@ class Subscription:
         self.partition.feed_sent += len(headers)
 
     def _send_markers(self) -> None:
-        while self.markers and self.markers[0][0] < self.cursor:
-            self.connection.send(self.markers.popleft()[1])
+        markers = self.markers
+        if markers is None:
+            return
+        while markers and markers[0][0] < self.cursor:
+            self.connection.send(markers.popleft()[1])
+        if not markers:
+            self.markers = None
 
     async def _run(self) -> None:
+        """Send what is due, waiting where it must; end once nothing is left (no await
+        between the last look and the end, so no wake is missed)."""
         p = self.partition
+        self._busy = True
         try:
             while not self.connection.closed:
                 hwm = p.high_water_mark
                 gone = p.truncated_for(self.cursor)
                 if gone is not None:
+                    self._ended = True
                     p.end_truncated(self, gone)
                     return
                 if self.cursor <= hwm and p.healthy:
@@ -168,16 +225,16 @@ class Subscription:
                         await self.connection.drained()
                         continue
                 self._send_markers()
-                self.wake.clear()
                 if self.cursor <= p.high_water_mark and p.healthy:
                     continue
-                self._parked = True
-                try:
-                    await self.wake.wait()
-                finally:
-                    self._parked = False
+                return
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug: end this feed, and say so to its client
             log.exception("partition %d: feed to a client failed", p.partition_id)
+            self._ended = True
             p.end_subscription(self, f"feed failed: {describe(e)}")
+        finally:
+            if self.task is asyncio.current_task():
+                self.task = None
+                self._busy = False

@@ -180,7 +180,7 @@ class Partition:
                 task.result()
         await self.sessions.close(reason)
         for sub in list(self.subscriptions):
-            sub.task.cancel()
+            sub.stop()
             sub.connection.feeds.discard(sub)
             if not sub.connection.closed:
                 sub.connection.send(FeedSuspended(sub.req_id, reason).encode())
@@ -286,7 +286,7 @@ class Partition:
         self.log_start = log_start
         self.data_cache.drop_below(log_start)
         for sub in list(self.subscriptions):
-            sub.wake.set()  # a feed behind the new start ends (truncated_for)
+            sub.wake()  # a feed behind the new start ends (truncated_for)
 
     def truncated_for(self, txid: int) -> str | None:
         """Why ``txid`` can no longer be read (below the log start), or None."""
@@ -419,7 +419,7 @@ class Partition:
         )
         if status != MountStatus.READY:
             self.slots.mount_ran(q.client_id, connection, None)
-            sub.task.cancel()
+            sub.stop()
             connection.send(MountResponse(q, status).encode())
             return
         connection.mark_mounted(q.client_id, self.partition_id, m.connection_seq)
@@ -476,7 +476,7 @@ class Partition:
 
     def _wake_feeds(self) -> None:
         for sub in self.subscriptions:
-            sub.wake.set()
+            sub.wake()
 
     def subscribe(
         self, connection: ClientConnection, req_id: ReqId, client_hwm: int, mounted: bool = False
@@ -489,7 +489,7 @@ class Partition:
         return sub
 
     def _drop(self, sub: Subscription) -> None:
-        sub.task.cancel()
+        sub.stop()
         self.subscriptions.pop(sub, None)
         sub.connection.feeds.discard(sub)
         self.core.feed_ended(sub)

@@ -72,8 +72,9 @@ class PartitionCore:
         # Open connections on which each client mounted here, and the reverse: a client's
         # newest mount is forgotten once none is open (no append can then carry an older
         # mount), so the table holds connected clients, not every client ever seen.
-        self._mounted_on: dict[int, set[Hashable]] = {}
-        self._clients_on: dict[Hashable, set[int]] = {}
+        # Tuples, not sets: a client has a connection or two, and a set is 216 bytes empty.
+        self._mounted_on: dict[int, tuple[Hashable, ...]] = {}
+        self._clients_on: dict[Hashable, tuple[int, ...]] = {}
         self._mount_feeds: dict[int, tuple[Hashable, Hashable]] = {}  # client -> (conn, feed)
         self._client_of_feed: dict[Hashable, int] = {}  # the same, feed -> client: O(1) ends
         self._barriers: list[_Barrier] = []
@@ -146,8 +147,12 @@ class PartitionCore:
         if connection_seq < self._newest_mount.get(req_id.client_id, -1):
             return MountStatus.STALE_CONNECTION, None
         self._newest_mount[req_id.client_id] = connection_seq
-        self._mounted_on.setdefault(req_id.client_id, set()).add(connection)
-        self._clients_on.setdefault(connection, set()).add(req_id.client_id)
+        connections = self._mounted_on.get(req_id.client_id, ())
+        if connection not in connections:
+            self._mounted_on[req_id.client_id] = (*connections, connection)
+        clients = self._clients_on.get(connection, ())
+        if req_id.client_id not in clients:
+            self._clients_on[connection] = (*clients, req_id.client_id)
         previous = self._mount_feeds.get(req_id.client_id)
         if previous is not None:
             self._client_of_feed.pop(previous[1], None)
@@ -180,9 +185,10 @@ class PartitionCore:
         """Forget the newest mount of each client with no other open connection that
         mounted here."""
         for client_id in self._clients_on.pop(connection, ()):
-            connections = self._mounted_on[client_id]
-            connections.discard(connection)
-            if not connections:
+            others = tuple(c for c in self._mounted_on[client_id] if c != connection)
+            if others:
+                self._mounted_on[client_id] = others
+            else:
                 del self._mounted_on[client_id]
                 del self._newest_mount[client_id]
 
