@@ -961,3 +961,59 @@ def test_a_failed_control_file_fsync_fails_every_answer_of_its_group(
             assert_failure(response, StorageError.PARTITION_UNAVAILABLE)
     finally:
         node.close()
+
+
+def test_a_group_fencing_many_partitions_reads_their_sessions_in_one_round_trip(
+    tmp_path: Path,
+) -> None:
+    """A server that takes many partitions fences them all on each node: their recorded
+    sessions are read together before the group runs (one round trip), not one partition
+    after another. What that read found only accepts: a session above it is still asked
+    about on its own, and refused."""
+    partitions = set(range(8))
+    recorded = dict.fromkeys(partitions, 3)
+    recorded[7] = 2  # partition 7's owner has not recorded session 3
+    single: list[int] = []
+    batches: list[list[int]] = []
+
+    def read_one(p: int) -> int:
+        single.append(p)
+        return recorded[p]
+
+    def read_many(ps: list[int]) -> dict[int, int]:
+        batches.append(sorted(ps))
+        return {p: recorded[p] for p in ps}
+
+    node = open_node(tmp_path, partitions, num=8)
+    node.verify_sessions_with(read_one, read_many=read_many)
+    try:
+        group = [
+            (
+                node.partitions[p],
+                [MaxTransactionIdRequest(3, 1, p), MaxTransactionIdRequest(3, 2, p)],
+            )
+            for p in sorted(partitions)
+        ]
+        answers = node.process_group(group)
+        assert batches == [sorted(partitions)]
+        assert single == [7]  # only the session the batch did not find recorded
+        for p in range(7):
+            assert answers[p] == [MaxTransactionIdResponse(3, q, p, -1) for q in (1, 2)]
+            assert node.partitions[p].info.fence_session_id == 3
+        assert_failure(answers[7][0], StorageError.SESSION_UNKNOWN, "records (2)")
+        assert node.partitions[7].info.fence_session_id == -1
+        assert all(svc.recorded_ahead is None for svc in node.partitions.values())
+
+        # A batch read that fails leaves each request to ask on its own.
+        def broken(_ps: list[int]) -> dict[int, int]:
+            raise TimeoutError("ZooKeeper did not answer")
+
+        single.clear()
+        recorded.update(dict.fromkeys(partitions, 4))
+        node.verify_sessions_with(read_one, read_many=broken)
+        group = [(node.partitions[p], [MaxTransactionIdRequest(4, 3, p)]) for p in (0, 1, 2)]
+        answers = node.process_group(group)
+        assert answers == [[MaxTransactionIdResponse(4, 3, p, -1)] for p in (0, 1, 2)]
+        assert single == [0, 1, 2]
+    finally:
+        node.close()

@@ -145,3 +145,25 @@ def test_concurrent_checks_of_a_partition_share_one_read() -> None:
         t.join(30)
     assert len(answers) == 17 and all(a is not None for a in answers)
     assert reads == [0]
+
+
+def test_a_read_ahead_asks_for_many_partitions_at_once_but_not_for_refused_ones() -> None:
+    metadata = Metadata({0: 5, 1: 3, 2: 9})
+    batches: list[list[int]] = []
+
+    def read_many(partition_ids: list[int]) -> dict[int, int]:
+        batches.append(partition_ids)
+        return {p: metadata.sessions[p] for p in partition_ids}
+
+    now = [1000.0]
+    checks = SessionChecks(
+        metadata.read, StorageMetrics(), read_many=read_many, clock=lambda: now[0]
+    )
+    assert checks.check(0, HUGE) is not None  # remembered: refused for the TTL
+    assert checks.read_ahead({0: HUGE, 1: 4, 2: 9}) == {1: 3, 2: 9}
+    assert batches == [[1, 2]] and metadata.reads == 1
+    # Fewer than two to read: each asks on its own.
+    assert checks.read_ahead({0: HUGE, 1: 4}) == {}
+    assert batches == [[1, 2]]
+    # Without a batch reader, nothing ahead.
+    assert SessionChecks(metadata.read, StorageMetrics()).read_ahead({1: 4, 2: 9}) == {}

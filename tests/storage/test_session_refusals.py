@@ -23,7 +23,7 @@ from test_protocol import run
 from test_storage_bounds import records
 
 from waltz_client.cluster.admin import create_cluster
-from waltz_client.cluster.metadata import PartitionMetadata
+from waltz_client.cluster.metadata import NO_SESSION, PartitionMetadata
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_client.wire.storage_client import StorageClient, StorageFailure
@@ -32,6 +32,7 @@ from waltz_client.wire.storage_messages import (
     MaxTransactionIdRequest,
     StorageError,
 )
+from waltz_storage.coordination import ClusterFollower
 from waltz_storage.session_checks import REFUSAL_TTL
 
 HUGE = 2**63 - 1
@@ -178,3 +179,34 @@ def test_a_stranger_racing_the_owner_to_its_next_session_does_not_keep_it_out(
     assert refusals <= 5, refusals
     seen = counters(node)
     assert seen.get("recorded") == 1 and seen.get("not_recorded") == 1, seen
+
+
+def test_the_sessions_of_many_partitions_are_read_in_one_pipelined_round_trip(
+    zookeeper, zk_root: str
+) -> None:
+    """What a node reads for a group of partitions with new sessions (a server that took
+    them all): each partition's recorded session, NO_SESSION where the metadata is
+    missing, and a watch on each, as a single read leaves."""
+    zk = connect(zookeeper.connect_string)
+    follower = ClusterFollower(zookeeper.connect_string, zk_root)
+    try:
+        create_cluster(zk, zk_root, "t", 4, 1, ["127.0.0.1:1"])
+        paths = ClusterPaths.of(zk_root)
+        for partition, session in ((0, 5), (1, 6), (2, 7)):
+            data, _ = zk.get(paths.partition(partition))
+            metadata = replace(PartitionMetadata.decode(data), session_id=session)
+            zk.set(paths.partition(partition), metadata.encode())
+        zk.delete(paths.partition(3))
+        changed: list[int] = []
+        run(follower.connect())
+        follower.session_changed = changed.append
+        assert follower.recorded_sessions([0, 1, 2, 3]) == {0: 5, 1: 6, 2: 7, 3: NO_SESSION}
+        data, _ = zk.get(paths.partition(1))
+        zk.set(paths.partition(1), data)  # the owner records again: the watch fires
+        deadline = time.monotonic() + 30
+        while 1 not in changed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert changed == [1]
+    finally:
+        run(follower.close())
+        close(zk)

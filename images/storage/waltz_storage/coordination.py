@@ -207,6 +207,34 @@ class ClusterFollower:
         metadata = self._partition_metadata(partition_id, watch=self.session_changed is not None)
         return NO_SESSION if metadata is None else metadata.session_id
 
+    def recorded_sessions(self, partition_ids: list[int]) -> dict[int, int]:
+        """``recorded_session`` of several partitions in one pipelined round trip: every
+        sync and read sent before any answer is awaited (ZooKeeper answers a session's
+        requests in order, so each read follows its sync). Blocking. A partition whose
+        read failed is left out (its request then asks on its own)."""
+        zk = self._zk
+        if zk is None:
+            raise ClusterError("not connected to ZooKeeper")
+        watcher = self._metadata_event if self.session_changed is not None else None
+        asked = []
+        for partition_id in partition_ids:
+            path = self.paths.partition(partition_id)
+            if watcher is not None:
+                self._partition_paths[path] = partition_id
+            asked.append((partition_id, zk.sync_async(path), zk.get_async(path, watch=watcher)))
+        recorded: dict[int, int] = {}
+        for partition_id, synced, read in asked:
+            try:
+                synced.get(timeout=SESSION_CHECK_TIMEOUT)
+                data, _ = read.get(timeout=SESSION_CHECK_TIMEOUT)
+            except NoNodeError:
+                recorded[partition_id] = NO_SESSION
+            except Exception as e:  # that partition's request asks again on its own
+                log.debug("partition %d: reading its session failed: %s", partition_id, e)
+            else:
+                recorded[partition_id] = PartitionMetadata.decode(data).session_id
+        return recorded
+
     def recorded_log_start(self, partition_id: int) -> int:
         """The log start the partition's metadata records (0 if none); as above."""
         metadata = self._partition_metadata(partition_id)

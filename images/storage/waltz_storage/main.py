@@ -166,7 +166,9 @@ async def _open_node(
             f"directory: {e.strerror or e}"
         ) from None
     if follower is not None:
-        node.verify_sessions_with(follower.recorded_session, follower.recorded_log_start)
+        node.verify_sessions_with(
+            follower.recorded_session, follower.recorded_log_start, follower.recorded_sessions
+        )
         assert node.session_checks is not None
         follower.session_changed = node.session_checks.forget
     return node

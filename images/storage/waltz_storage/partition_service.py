@@ -129,6 +129,9 @@ class PartitionService:
         # Set by the daemon when it follows ZooKeeper: a newer session is adopted only
         # once the metadata records it, so a stranger cannot fence the owner out.
         self.session_checks: SessionChecks | None = None
+        # The session the metadata recorded, read for the group being processed with its
+        # other partitions' (``process_group``); None outside it.
+        self.recorded_ahead: int | None = None
         # Likewise, the log start moves up only as far as the metadata records.
         self.log_start_authority: SessionAuthority | None = None
         # A store session truncates only before it appends: no Truncate in a session
@@ -370,7 +373,13 @@ class PartitionService:
     def _unrecorded(self, session_id: int) -> str | None:
         """Why ``session_id`` may not be adopted, or None when the metadata records it."""
         checks = self.session_checks
-        return None if checks is None else checks.check(self.partition_id, session_id)
+        if checks is None:
+            return None
+        ahead = self.recorded_ahead
+        if ahead is not None and session_id <= ahead:
+            checks.accepted_ahead()
+            return None
+        return checks.check(self.partition_id, session_id)
 
     def _recorded_log_start(self, log_start: int) -> int | None:
         """The log start the cluster metadata records (None: no metadata followed);

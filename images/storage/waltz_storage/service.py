@@ -36,7 +36,7 @@ from .group_sync import GroupSync, already_durable
 from .metrics import StorageMetrics
 from .partition import PartitionLog
 from .partition_service import PartitionService, PendingAppends, SessionAuthority
-from .session_checks import SessionChecks
+from .session_checks import ReadSessions, SessionChecks
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,7 @@ def process_group(
     durable before any is answered: with one group sync when several partitions appended."""
     several = len(group) > 1
     with contextlib.ExitStack() as held:
-        pending = []
-        for service, requests in group:
+        for service, _ in group:
             held.enter_context(service.lock)
             if several:
                 # One control-file fsync for the group (``_sync_control``), not one a
@@ -59,6 +58,10 @@ def process_group(
                 # cleans them all on each node.
                 service.defer_control_sync = True
                 held.callback(_stop_deferring, service)
+        if several:
+            _read_sessions_ahead(group, held)
+        pending = []
+        for service, requests in group:
             with _log_context(service, requests):
                 pending.append(service.write(requests))
         appending = [p for p in pending if p.unsynced]
@@ -86,6 +89,33 @@ def process_group(
 
 def _stop_deferring(service: PartitionService) -> None:
     service.defer_control_sync = False
+
+
+def _read_sessions_ahead(
+    group: list[tuple[PartitionService, list[StorageMessage]]], held: contextlib.ExitStack
+) -> None:
+    """The recorded sessions of the group's partitions whose requests bring a new one,
+    read together (``SessionChecks.read_ahead``) rather than one partition after
+    another as each request is fenced; for the rest of the group."""
+    checks = group[0][0].session_checks
+    if checks is None:
+        return
+    wanted = {}
+    for service, requests in group:
+        newest = max((r.session_id for r in requests), default=NO_SESSION)
+        if newest > service.info.fence_session_id:
+            wanted[service.partition_id] = newest
+    if len(wanted) < 2:
+        return
+    recorded = checks.read_ahead(wanted)
+    for service, _ in group:
+        if service.partition_id in recorded:
+            service.recorded_ahead = recorded[service.partition_id]
+            held.callback(_forget_ahead, service)
+
+
+def _forget_ahead(service: PartitionService) -> None:
+    service.recorded_ahead = None
 
 
 def _sync_control(pending: list[PendingAppends]) -> None:
@@ -239,12 +269,16 @@ class StorageNode:
         return process_in_order(requests, self.group_sync, self.metrics)
 
     def verify_sessions_with(
-        self, authority: SessionAuthority, log_starts: SessionAuthority | None = None
+        self,
+        authority: SessionAuthority,
+        log_starts: SessionAuthority | None = None,
+        read_many: ReadSessions | None = None,
     ) -> None:
         """From now on, adopt a newer session (and move the log start up) only once the
         cluster metadata records it; refusals of sessions are remembered for a moment
-        (``session_checks``: its ``forget`` is for a watch of the metadata)."""
-        self.session_checks = SessionChecks(authority, self.metrics)
+        (``session_checks``: its ``forget`` is for a watch of the metadata). ``read_many``
+        reads several partitions' sessions in one round trip, for groups."""
+        self.session_checks = SessionChecks(authority, self.metrics, read_many=read_many)
         self.log_start_authority = log_starts
         for svc in self.partitions.values():
             svc.session_checks = self.session_checks

@@ -18,6 +18,11 @@ that request or, when reads of the partition were under way, after them. Reads o
 partition do not overlap: a check that finds one under way waits for it, then decides
 from what it left (single-flight).
 
+A group of requests of many partitions with new sessions (a server that has just taken
+a hundred partitions fences them all on each node) reads their metadata together first,
+in one pipelined round trip (``read_ahead``), instead of one partition after another.
+Such a read only ever accepts: a session at or below the one it found recorded.
+
 ``refused_from_memory`` is the decision; ``SessionChecks`` the thread-safe shell
 (called from the node's I/O thread, or from the event loop's for small groups).
 """
@@ -39,6 +44,8 @@ REFUSAL_TTL = 1.0
 
 # The newest session the metadata records for a partition; blocking.
 ReadSession = Callable[[int], int]
+# The same for several partitions in one round trip; those it could not read left out.
+ReadSessions = Callable[[list[int]], dict[int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +80,12 @@ class SessionChecks:
         read: ReadSession,
         metrics: StorageMetrics | None = None,
         *,
+        read_many: ReadSessions | None = None,
         ttl: float = REFUSAL_TTL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._read = read
+        self._read_many = read_many
         self._ttl = ttl
         self._clock = clock
         self._lock = threading.Lock()
@@ -92,6 +101,34 @@ class SessionChecks:
         with self._lock:
             self._refusals.pop(partition_id, None)
             self._changes[partition_id] = self._changes.get(partition_id, 0) + 1
+
+    def read_ahead(self, wanted: dict[int, int]) -> dict[int, int]:
+        """The sessions the metadata records for partitions whose requests carry a newer
+        session (``wanted``: partition -> that session), read in one round trip; for the
+        caller to accept those sessions at or below them (``accepted_ahead``). Left out,
+        to ask on their own: partitions refused from memory, and every one when there is
+        no batch reader, fewer than two to read, or the read fails."""
+        if self._read_many is None:
+            return {}
+        now = self._clock()
+        with self._lock:
+            ask = [
+                partition_id
+                for partition_id, session in wanted.items()
+                if not refused_from_memory(
+                    self._refusals.get(partition_id), session, now, self._ttl
+                )
+            ]
+        if len(ask) < 2:
+            return {}
+        try:
+            return self._read_many(ask)
+        except Exception:  # each request asks on its own, and says why if it fails
+            return {}
+
+    def accepted_ahead(self) -> None:
+        """A session accepted on ``read_ahead``'s word (counted as a check)."""
+        self._count("recorded")
 
     def check(self, partition_id: int, session: int) -> str | None:
         """Why ``session`` may not be adopted for the partition, or None when the
