@@ -162,3 +162,18 @@ def test_sessions_that_keep_or_reset_the_table_match_a_model(hashes, events):
         for h in range(6):
             taken = max((t for t, locks in log if h in locks), default=-1)
             assert table.estimate(h) == max(taken, floor, lowered.get(h, -1)), (h, events)
+
+
+def test_a_table_is_allocated_only_when_a_lock_is_taken():
+    """512 KiB a partition at the default size: a server taking a hundred partitions at
+    once allocated them all before recovering any. Until a lock is taken, nothing."""
+    t = LockTable()
+    t.reset(10)
+    assert t.conflict(5, [1, 2, 3]) == 10
+    t.commit(11, [])  # an append without locks
+    t.truncate(10)
+    assert t._marks is None
+    t.commit(12, [7])
+    assert t._marks is not None and t.conflict(11, [7]) == 12 and t.conflict(11, [8]) is None
+    t.reset(5)  # the log went back: the table goes, every entry reads as the mark
+    assert t._marks is None and t.conflict(4, [7]) == 5

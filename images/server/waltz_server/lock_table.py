@@ -38,7 +38,10 @@ class LockTable:
             raise ValueError(f"lock table size and hash count must be >= 1, got {size}, {hashes}")
         self.size = size
         self.hashes = hashes
-        self._marks = array("q", [-1]) * size
+        # Allocated at the first lock taken: 512 KiB at the default size, written through,
+        # and a server that takes a hundred partitions at once allocated every one before
+        # it recovered any. Until then every entry reads as the floor.
+        self._marks: array[int] | None = None
         # Every entry reads as at least this: reset() raises it instead of rewriting
         # the array (a Python-speed pass over 2^26 entries would stall the event loop).
         self._floor = -1
@@ -52,7 +55,10 @@ class LockTable:
 
     def estimate(self, lock_hash: int) -> int:
         """Upper bound of the last transaction that took this lock (-1: none)."""
-        mark = min(self._marks[s] for s in self._slots(lock_hash))
+        marks = self._marks
+        if marks is None:
+            return self._floor
+        mark = min(marks[s] for s in self._slots(lock_hash))
         return mark if mark > self._floor else self._floor
 
     def conflict(self, client_high_water_mark: int, lock_hashes: Iterable[int]) -> int | None:
@@ -71,6 +77,8 @@ class LockTable:
         if not hashes:
             return
         marks = self._marks
+        if marks is None:
+            marks = self._marks = array("q", [self._floor]) * self.size
         for h in hashes:
             for s in self._slots(h):
                 if marks[s] < transaction_id:
@@ -90,6 +98,9 @@ class LockTable:
         their locks (a false conflict, not a missed one, but one for every client that
         has not seen the mark). Work in proportion to the locks of the dropped ones."""
         marks = self._marks
+        if marks is None:  # no lock taken since it was last cleared: nothing to lower
+            self._unsettled.clear()
+            return
         for txid, lock_hashes in self._unsettled:
             if txid <= high_water_mark:
                 continue  # the recovery kept it: committed
@@ -104,6 +115,6 @@ class LockTable:
         self.truncate(high_water_mark)
         if high_water_mark >= self._floor:
             self._floor = high_water_mark  # O(1): every entry now reads at least this
-        else:  # the log went back (not in a running cluster): rewrite, at C speed
-            self._marks = array("q", [high_water_mark]) * self.size
+        else:  # the log went back (not in a running cluster): every entry is the mark
+            self._marks = None
             self._floor = high_water_mark
