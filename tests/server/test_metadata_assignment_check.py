@@ -20,7 +20,8 @@ from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_server.coordinator import ServerCoordinator
-from waltz_server.recovery_manager import AssignmentChanged
+from waltz_server.metadata_writes import MetadataWrite, batches
+from waltz_server.recovery_manager import AssignmentChanged, MetadataConflict
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -82,3 +83,82 @@ def test_a_session_is_recorded_only_with_the_current_assignment(zookeeper, zk_ro
         asyncio.run(scenario())
     finally:
         close(admin)
+
+
+def test_the_writes_of_one_loop_turn_share_a_multi_and_a_failed_one_fails_alone(
+    zookeeper, zk_root
+) -> None:
+    """A server taking many partitions writes their metadata in one ZooKeeper multi. A
+    multi is all or nothing: when one write's version moved (a newer owner), or the
+    assignment it checks changed, the others still land and only that one fails."""
+    admin = connect(zookeeper.connect_string)
+    create_cluster(admin, zk_root, "multi", 8, 3, STORAGES[:3])
+    paths = ClusterPaths.of(zk_root)
+
+    async def scenario() -> None:
+        coordinator = ServerCoordinator(
+            zookeeper.connect_string, zk_root, ServerRegistration("s0", "127.0.0.1", 1, 2)
+        )
+        await coordinator.start()
+        try:
+            await until(lambda: coordinator.assignment is not None, "the assignment")
+            assert coordinator.assignment is not None
+            replicas = tuple(coordinator.assignment.replicas_of(0))
+            read = await asyncio.gather(*(coordinator.read(p) for p in range(8)))
+            writes = coordinator.metadata_writes
+            versions = await asyncio.gather(
+                *(coordinator.write(p, meta, v) for p, (meta, v) in enumerate(read))
+            )
+            assert writes.multis == 1
+            assert versions == [v + 1 for _, v in read]
+            assert [admin.exists(paths.partition(p)).version for p in range(8)] == versions
+
+            # Partition 3's metadata moves under us (a newer owner): only its write fails.
+            data, _ = admin.get(paths.partition(3))
+            admin.set(paths.partition(3), data)
+            results = await asyncio.gather(
+                *(
+                    coordinator.write(p, meta, versions[p], replicas=replicas)
+                    for p, (meta, _) in enumerate(read)
+                ),
+                return_exceptions=True,
+            )
+            assert isinstance(results[3], MetadataConflict)
+            assert all(isinstance(r, int) for i, r in enumerate(results) if i != 3)
+            assert writes.multis == 1  # that multi failed; each was written alone
+
+            # The assignment changes: writes that check the version it had fail, one that
+            # does not (a new session ID) lands. (The writer directly, with the version
+            # before the change: the server's watch may report it at any moment.)
+            versions = [admin.exists(paths.partition(p)).version for p in range(8)]
+            stale = admin.exists(paths.assignment).version
+            data, _ = admin.get(paths.assignment)
+            admin.set(paths.assignment, data)
+            checked = [
+                writes.write(
+                    MetadataWrite(p, paths.partition(p), read[p][0].encode(), versions[p], stale)
+                )
+                for p in range(4)
+            ]
+            unchecked = coordinator.write(5, read[5][0], versions[5])
+            results = await asyncio.gather(*checked, unchecked, return_exceptions=True)
+            assert all(isinstance(r, AssignmentChanged) for r in results[:4]), results
+            assert results[4] == versions[5] + 1
+        finally:
+            await coordinator.stop()
+            close(admin)
+
+    asyncio.run(scenario())
+
+
+def test_writes_share_a_multi_when_they_check_the_same_assignment_version() -> None:
+    def w(p: int, checked: int | None) -> MetadataWrite:
+        return MetadataWrite(p, f"/p/{p}", b"", 0, checked)
+
+    writes = [w(0, None), w(1, 7), w(2, None), w(3, 7), w(4, 8)]
+    assert batches(writes) == [[w(0, None), w(2, None)], [w(1, 7), w(3, 7)], [w(4, 8)]]
+    assert batches([w(p, None) for p in range(5)], most=2) == [
+        [w(0, None), w(1, None)],
+        [w(2, None), w(3, None)],
+        [w(4, None)],
+    ]

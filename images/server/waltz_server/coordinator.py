@@ -42,6 +42,7 @@ from waltz_client.cluster.zk_async import completed
 from waltz_client.runtime.tasks import spawn, wait_for
 from waltz_client.runtime.tls import TlsFiles
 
+from .metadata_writes import MetadataWrite, MetadataWriter
 from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay
 from .recovery_manager import AssignmentChanged, MetadataConflict
 
@@ -86,6 +87,7 @@ class ServerCoordinator:
         self.params: ClusterParams | None = None
         self.assignment: ReplicaAssignment | None = None
         self.assignment_version = -1  # its znode's version, checked by metadata writes
+        self.metadata_writes = MetadataWriter(lambda: self.zk, self.paths.assignment)
         self.connected = False
         self.live_servers: list[str] = []
         # Who may read or append which partition: nobody until the policy is first read
@@ -478,31 +480,22 @@ class ServerCoordinator:
         version: int,
         replicas: tuple[str, ...] | None = None,
     ) -> int:
+        """Compare-and-set; with ``replicas``, only while the assignment still gives the
+        partition exactly those (checked in the same transaction). The writes of one loop
+        turn share a ZooKeeper multi (metadata_writes.py)."""
+        checked: int | None = None
+        if replicas is not None:
+            assignment = self.assignment
+            now = tuple(assignment.replicas_of(partition_id)) if assignment else ()
+            if assignment is None or now != tuple(replicas):
+                raise AssignmentChanged(
+                    f"partition {partition_id} is now assigned {', '.join(now) or 'nothing'}"
+                )
+            checked = self.assignment_version
         path = self.paths.partition(partition_id)
-        if replicas is None:
-            try:
-                stat = await completed(self.zk.set_async(path, metadata.encode(), version))
-            except BadVersionError:
-                raise MetadataConflict(f"{path} changed under us") from None
-            return stat.version
-        assignment, assignment_version = self.assignment, self.assignment_version
-        if assignment is None or tuple(assignment.replicas_of(partition_id)) != tuple(replicas):
-            raise AssignmentChanged(
-                f"partition {partition_id} is now assigned "
-                f"{', '.join(assignment.replicas_of(partition_id)) if assignment else 'nothing'}"
-            )
-
-        transaction = self.zk.transaction()
-        transaction.check(self.paths.assignment, assignment_version)
-        transaction.set_data(path, metadata.encode(), version)
-        checked, written = await completed(transaction.commit_async())
-        if isinstance(checked, BadVersionError):
-            raise AssignmentChanged(f"the replica assignment changed (partition {partition_id})")
-        if isinstance(written, BadVersionError):
-            raise MetadataConflict(f"{path} changed under us")
-        if isinstance(checked, Exception) or isinstance(written, Exception):
-            raise MetadataConflict(f"writing {path} failed: {checked!r}, {written!r}")
-        return written.version
+        return await self.metadata_writes.write(
+            MetadataWrite(partition_id, path, metadata.encode(), version, checked)
+        )
 
     async def read_assignment(self) -> ReplicaAssignment:
         assignment, _ = await self._run(read_assignment, self.zk, self.paths.root)
