@@ -11,6 +11,8 @@ changed with the admin functions an operator's `waltz cluster` uses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 from server_harness import until
@@ -28,20 +30,28 @@ pytestmark = pytest.mark.timeout(300)
 STORAGES = ["127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
 
 
+@contextlib.asynccontextmanager
+async def following(zookeeper, zk_root: str) -> AsyncIterator[tuple[ServerCoordinator, tuple]]:
+    """A server's coordinator that has read the assignment; partition 0's replicas."""
+    coordinator = ServerCoordinator(
+        zookeeper.connect_string, zk_root, ServerRegistration("s0", "127.0.0.1", 1, 2)
+    )
+    await coordinator.start()
+    try:
+        await until(lambda: coordinator.assignment is not None, "the assignment")
+        assert coordinator.assignment is not None
+        yield coordinator, tuple(coordinator.assignment.replicas_of(0))
+    finally:
+        await coordinator.stop()
+
+
 def test_a_session_is_recorded_only_with_the_current_assignment(zookeeper, zk_root) -> None:
     admin = connect(zookeeper.connect_string)
     create_cluster(admin, zk_root, "check", 2, 3, STORAGES[:3])
     assignment_path = ClusterPaths.of(zk_root).assignment
 
     async def scenario() -> None:
-        coordinator = ServerCoordinator(
-            zookeeper.connect_string, zk_root, ServerRegistration("s0", "127.0.0.1", 1, 2)
-        )
-        await coordinator.start()
-        try:
-            await until(lambda: coordinator.assignment is not None, "the assignment")
-            assert coordinator.assignment is not None
-            replicas = tuple(coordinator.assignment.replicas_of(0))
+        async with following(zookeeper, zk_root) as (coordinator, replicas):
             meta, version = await coordinator.read(0)
 
             # The assignment the session recovered with is current: the write lands.
@@ -76,8 +86,6 @@ def test_a_session_is_recorded_only_with_the_current_assignment(zookeeper, zk_ro
             # Writes that name no members (a new session ID, retention) are not checked.
             meta, version = await coordinator.read(0)
             await coordinator.write(0, meta, version)
-        finally:
-            await coordinator.stop()
 
     try:
         asyncio.run(scenario())
@@ -96,14 +104,7 @@ def test_the_writes_of_one_loop_turn_share_a_multi_and_a_failed_one_fails_alone(
     paths = ClusterPaths.of(zk_root)
 
     async def scenario() -> None:
-        coordinator = ServerCoordinator(
-            zookeeper.connect_string, zk_root, ServerRegistration("s0", "127.0.0.1", 1, 2)
-        )
-        await coordinator.start()
-        try:
-            await until(lambda: coordinator.assignment is not None, "the assignment")
-            assert coordinator.assignment is not None
-            replicas = tuple(coordinator.assignment.replicas_of(0))
+        async with following(zookeeper, zk_root) as (coordinator, replicas):
             read = await asyncio.gather(*(coordinator.read(p) for p in range(8)))
             writes = coordinator.metadata_writes
             versions = await asyncio.gather(
@@ -144,11 +145,11 @@ def test_the_writes_of_one_loop_turn_share_a_multi_and_a_failed_one_fails_alone(
             results = await asyncio.gather(*checked, unchecked, return_exceptions=True)
             assert all(isinstance(r, AssignmentChanged) for r in results[:4]), results
             assert results[4] == versions[5] + 1
-        finally:
-            await coordinator.stop()
-            close(admin)
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        close(admin)
 
 
 def test_writes_share_a_multi_when_they_check_the_same_assignment_version() -> None:
