@@ -443,16 +443,21 @@ class ServerCoordinator:
         return handed
 
     def _hand_over_blocking(self) -> bool:
-        me = self.registration.server_id
+        me, zk, timeout = self.registration.server_id, self.zk, self.session_timeout
         while True:
-            others = [s for s in self.zk.get_children(self.paths.servers) if s != me]
+            # The live servers, the partition count and the ownership in one round trip
+            # (kazoo sends a session's requests without waiting for each answer).
+            children = zk.get_children_async(self.paths.servers)
+            cluster = zk.get_async(self.paths.cluster)
+            owned = zk.get_async(self.paths.ownership)
+            others = [s for s in children.get(timeout=timeout) if s != me]
             if not others:
                 log.info("no other server to hand the partitions over to")
                 return False
-            num_partitions = read_params(self.zk, self.paths.root).num_partitions
-            data, stat = self.zk.get(self.paths.ownership)
+            num_partitions = ClusterParams.decode(cluster.get(timeout=timeout)[0]).num_partitions
+            data, stat = owned.get(timeout=timeout)
             new = assign_owners(Ownership.decode(data), num_partitions, others)
-            transaction = self.zk.transaction()
+            transaction = zk.transaction()
             transaction.delete(self.paths.server(me))
             transaction.set_data(self.paths.ownership, new.encode(), stat.version)
             unregistered, written = transaction.commit()
