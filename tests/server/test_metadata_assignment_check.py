@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
+from kazoo.client import KazooClient
 from server_harness import until
 
 from waltz_client.cluster.admin import add_storage, create_cluster
@@ -22,7 +23,7 @@ from waltz_client.cluster.metadata import ServerRegistration
 from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_server.coordinator import ServerCoordinator
-from waltz_server.metadata_writes import MetadataWrite, batches
+from waltz_server.metadata_writes import MetadataWrite, MetadataWriter, batches
 from waltz_server.recovery_manager import AssignmentChanged, MetadataConflict
 
 pytestmark = pytest.mark.timeout(300)
@@ -163,3 +164,18 @@ def test_writes_share_a_multi_when_they_check_the_same_assignment_version() -> N
         [w(2, None), w(3, None)],
         [w(4, None)],
     ]
+
+
+def test_writes_fail_rather_than_wait_when_zookeeper_cannot_be_reached() -> None:
+    def not_connected() -> KazooClient:
+        raise ConnectionError("not connected to ZooKeeper")
+
+    writer = MetadataWriter(not_connected, "/assignment")
+
+    async def write(partitions: range) -> list:
+        writes = (writer.write(MetadataWrite(p, f"/p/{p}", b"", 0, None)) for p in partitions)
+        return await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 30)
+
+    for partitions in (range(3), range(1)):  # a multi, and a write alone
+        results = asyncio.run(write(partitions))
+        assert [type(r) for r in results] == [ConnectionError] * len(partitions)

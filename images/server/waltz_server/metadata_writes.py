@@ -88,28 +88,36 @@ class MetadataWriter:
             commit.add_done_callback(self._commits.discard)
 
     async def _commit(self, batch: list[tuple[MetadataWrite, asyncio.Future[int]]]) -> None:
-        if len(batch) > 1:
-            zk = self._zk()
-            transaction = zk.transaction()
-            checked = batch[0][0].assignment_version
-            if checked is not None:
-                transaction.check(self._assignment_path, checked)
-            for write, _ in batch:
-                transaction.set_data(write.path, write.data, write.version)
-            try:
-                results = await completed(transaction.commit_async())
-            except Exception as e:  # the connection, not a version: each would fail so
-                for _, future in batch:
-                    _settle(future, error=e)
+        try:
+            if len(batch) > 1 and await self._multi(batch):
                 return
-            if not any(isinstance(r, Exception) for r in results):
-                self.multis += 1
-                stats = results[1:] if checked is not None else results
-                for (_, future), stat in zip(batch, stats, strict=True):
-                    _settle(future, stat.version)
-                return
+            await asyncio.gather(*(self._alone(write, future) for write, future in batch))
+        except Exception as e:  # not connected, the connection lost: each would fail so
+            for _, future in batch:
+                _settle(future, error=e)
+        except asyncio.CancelledError:  # the loop shuts down: no write waits for ever
+            for _, future in batch:
+                _settle(future, error=ConnectionError("metadata write abandoned"))
+            raise
+
+    async def _multi(self, batch: list[tuple[MetadataWrite, asyncio.Future[int]]]) -> bool:
+        """Commit the batch as one multi; False when it failed on a version (nothing
+        written: each is then written alone)."""
+        transaction = self._zk().transaction()
+        checked = batch[0][0].assignment_version
+        if checked is not None:
+            transaction.check(self._assignment_path, checked)
+        for write, _ in batch:
+            transaction.set_data(write.path, write.data, write.version)
+        results = await completed(transaction.commit_async())
+        if any(isinstance(r, Exception) for r in results):
             log.debug("a multi of %d metadata writes failed; each again alone", len(batch))
-        await asyncio.gather(*(self._alone(write, future) for write, future in batch))
+            return False
+        self.multis += 1
+        stats = results[1:] if checked is not None else results
+        for (_, future), stat in zip(batch, stats, strict=True):
+            _settle(future, stat.version)
+        return True
 
     async def _alone(self, write: MetadataWrite, future: asyncio.Future[int]) -> None:
         try:
