@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
@@ -223,10 +224,13 @@ class ClusterFollower:
                 self._partition_paths[path] = partition_id
             asked.append((partition_id, zk.sync_async(path), zk.get_async(path, watch=watcher)))
         recorded: dict[int, int] = {}
+        # One deadline for them all: a ZooKeeper that does not answer costs the group one
+        # timeout here, not one a partition (its requests then ask on their own).
+        deadline = time.monotonic() + SESSION_CHECK_TIMEOUT
         for partition_id, synced, read in asked:
             try:
-                synced.get(timeout=SESSION_CHECK_TIMEOUT)
-                data, _ = read.get(timeout=SESSION_CHECK_TIMEOUT)
+                synced.get(timeout=max(0.0, deadline - time.monotonic()))
+                data, _ = read.get(timeout=max(0.0, deadline - time.monotonic()))
             except NoNodeError:
                 recorded[partition_id] = NO_SESSION
             except Exception as e:  # that partition's request asks again on its own
