@@ -16,6 +16,7 @@ import pytest
 from waltz_client.wire.records import Record, ReqId, crc32
 from waltz_client.wire.storage_client import StorageFailure
 from waltz_client.wire.storage_messages import StorageError
+from waltz_storage.group_sync import load_write_back
 
 T = TypeVar("T")
 SESSION = 42
@@ -222,6 +223,9 @@ def test_control_reflects_a_newer_session_after_sigkill(storage_node, waltz):
         (["bench", "--batch-sizes", "a,b"], ["--batch-sizes"]),
         (["bench", "--in-flight", "0"], ["in-flight"]),
         (["bench", "--duration", "0"], ["duration"]),
+        (["bench-sync", "--files", "a"], ["--files"]),
+        (["bench-sync", "--rounds", "0"], ["--rounds"]),
+        (["bench-sync", "--dir", "{missing}"], ["not a directory"]),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(tmp_path, waltz, args, words):
@@ -318,3 +322,23 @@ def test_bench_says_why_its_node_did_not_start(tmp_path, waltz):
     assert "group_sync" in result.stderr and "'maybe'" in result.stderr
     assert "the storage process exited with status 2 before it was ready" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(load_write_back() is None, reason="needs Linux 5.8+ (sync_file_range)")
+def test_bench_sync_compares_a_file_each_with_one_journal(tmp_path, waltz):
+    """What making a group durable costs by the files it touched: a row a file count,
+    both ways measured, and nothing left behind."""
+    result = waltz(
+        "storage", "bench-sync", "--dir", str(tmp_path), "--files", "1,3", "--bytes", "512",
+        "--rounds", "5", cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [
+        line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["1", "3"]
+    for row in rows[1:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == f"{int(cells[0]) * 512:,}"
+        assert float(cells[2]) > 0 and float(cells[4]) > 0
+    assert list(tmp_path.iterdir()) == []

@@ -48,6 +48,18 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_control)
 
+    p = cmds.add_parser(
+        "bench-sync",
+        help="what making a group durable costs by the files it touched, against one journal",
+    )
+    p.add_argument("--dir", default=".", help="on the filesystem to measure (default: here)")
+    p.add_argument(
+        "--files", default="1,4,16,64", help="files a group, comma-separated (default 1,4,16,64)"
+    )
+    p.add_argument("--bytes", type=int, default=4096, help="bytes appended to each (4096)")
+    p.add_argument("--rounds", type=int, default=300, help="groups measured a row (300)")
+    p.set_defaults(func=cmd_bench_sync)
+
     p = cmds.add_parser("bench", help="append rate and latency of one storage node vs the disk")
     p.add_argument(
         "--dir",
@@ -211,6 +223,31 @@ def cmd_control(args: argparse.Namespace) -> int:
         all(s is None for s in p["slots"]) for p in report.partitions
     )
     return 1 if bad else 0
+
+
+def cmd_bench_sync(args: argparse.Namespace) -> int:
+    from .bench import machine_summary
+    from .sync_cost import HEADER, describe, measure
+
+    try:
+        files = [int(x) for x in args.files.split(",")]
+    except ValueError:
+        return _fail(f"--files takes comma-separated integers, got {args.files!r}")
+    if any(n < 1 for n in files) or args.bytes < 1 or args.rounds < 1:
+        return _fail("--files, --bytes and --rounds must be at least 1")
+    if not os.path.isdir(args.dir):
+        return _fail(f"--dir {args.dir}: not a directory")
+    print(
+        f"storage bench-sync on {machine_summary()}, in {os.path.abspath(args.dir)}: "
+        f"{args.bytes} bytes a file a group, {args.rounds} groups a row"
+    )
+    print(HEADER)
+    for n in files:
+        try:
+            print(describe(measure(args.dir, n, args.bytes, args.rounds)), flush=True)
+        except (OSError, RuntimeError) as e:
+            return _fail(str(e))
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
