@@ -147,10 +147,6 @@ class Subscription:
         if self.task is not None:
             self.task.cancel()
 
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
     def add_marker(self, through: int, frame: bytes, wake: bool = True) -> None:
         """Send ``frame`` once the feed has delivered every transaction up to ``through``
         (``wake``: False when a ``push`` follows at once)."""
