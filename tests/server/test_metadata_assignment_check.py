@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from kazoo.client import KazooClient
@@ -24,7 +25,7 @@ from waltz_client.cluster.paths import ClusterPaths
 from waltz_client.cluster.zk import close, connect
 from waltz_server.coordinator import ServerCoordinator
 from waltz_server.metadata_writes import MetadataWrite, MetadataWriter, batches
-from waltz_server.recovery_manager import AssignmentChanged, MetadataConflict
+from waltz_server.recovery_manager import AssignmentChanged, MetadataConflict, Superseded
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -179,3 +180,29 @@ def test_writes_fail_rather_than_wait_when_zookeeper_cannot_be_reached() -> None
     for partitions in (range(3), range(1)):  # a multi, and a write alone
         results = asyncio.run(write(partitions))
         assert [type(r) for r in results] == [ConnectionError] * len(partitions)
+
+
+def test_a_server_that_handed_its_partitions_over_writes_no_more_metadata(
+    zookeeper, zk_root
+) -> None:
+    """After a planned hand-over, a store session of this server that ends (a connection
+    closing) must not start a recovery that races the new owner's: its first write is
+    refused (Superseded, so the partition stops), and the metadata is untouched."""
+    admin = connect(zookeeper.connect_string)
+    create_cluster(admin, zk_root, "handed", 2, 3, STORAGES[:3])
+    paths = ClusterPaths.of(zk_root)
+
+    async def scenario() -> None:
+        async with following(zookeeper, zk_root) as (coordinator, _):
+            other = ServerRegistration("s1", "127.0.0.1", 3, 4)
+            admin.create(paths.server("s1"), other.encode(), ephemeral=True)
+            meta, version = await coordinator.read(0)
+            assert await coordinator.hand_over()
+            with pytest.raises(Superseded, match="stopping"):
+                await coordinator.write(0, replace(meta, session_id=meta.session_id + 1), version)
+            assert (await coordinator.read(0))[1] == version
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        close(admin)

@@ -44,7 +44,7 @@ from waltz_client.runtime.tls import TlsFiles
 
 from .metadata_writes import MetadataWrite, MetadataWriter
 from .ownership import assign_owners, assigner, owned_by, rebalance_retry_delay
-from .recovery_manager import AssignmentChanged, MetadataConflict
+from .recovery_manager import AssignmentChanged, MetadataConflict, Superseded
 
 log = logging.getLogger(__name__)
 
@@ -487,7 +487,15 @@ class ServerCoordinator:
     ) -> int:
         """Compare-and-set; with ``replicas``, only while the assignment still gives the
         partition exactly those (checked in the same transaction). The writes of one loop
-        turn share a ZooKeeper multi (metadata_writes.py)."""
+        turn share a ZooKeeper multi (metadata_writes.py). Refused once this server is
+        stopping: a recovery it started after handing its partitions over (a store
+        session that ended meanwhile) would race the new owner's for the same metadata,
+        and win it at times, making the new owner retry a second later."""
+        if self._stopping:
+            raise Superseded(
+                f"partition {partition_id}: this server is stopping (its partitions go to "
+                f"the others); it writes no more partition metadata"
+            )
         checked: int | None = None
         if replicas is not None:
             assignment = self.assignment
