@@ -62,3 +62,26 @@ def test_stop_ends_a_task_that_swallows_its_first_cancellation() -> None:
         assert swallowed.is_set() and task.done()
 
     asyncio.run(scenario())
+
+
+def test_a_partition_taken_off_is_counted_as_stopping_at_once() -> None:
+    """A planned stop waits while ``holds_partitions``. A partition taken off the table
+    counted as stopping only once its stop task ran: in the turn between, the stop saw
+    nothing left, closed the server's storage connections under partitions still
+    serving, and their ended sessions started recoveries that raced the new owners'."""
+
+    async def scenario() -> None:
+        server = WaltzServer(load_config(["--zookeeper", "zk:2181"], {}), coordinator=None)  # type: ignore[arg-type]
+        server.partitions[0] = partition(7)
+        server.partitions[1] = partition(7)
+        server.superseded(server.partitions[0], "generation 8 is newer than ours (7)")
+        assert server.holds_partitions  # no turn of the loop yet: partition 1, and 0 stopping
+        server.session_lost()
+        assert not server.partitions and server.holds_partitions  # both stopping
+        for _ in range(20):
+            await asyncio.sleep(0)
+            if not server.holds_partitions:
+                break
+        assert not server.holds_partitions
+
+    asyncio.run(scenario())

@@ -78,8 +78,7 @@ class WaltzServer:
         self._changes: asyncio.Queue[None] = asyncio.Queue()
         self._listener: asyncio.Server | None = None
         self._reconciler: asyncio.Task | None = None
-        self._background: set[asyncio.Task] = set()  # partitions being stopped
-        self._stops_under_way = 0
+        self._stopping: set[asyncio.Task[None]] = set()  # partitions being stopped
         # How partitions reach storage nodes: over TLS when storage_tls_* are set.
         self._storage_dialer = (
             {
@@ -203,12 +202,7 @@ class WaltzServer:
         """Stop serving at once; ownership is re-read when a new session starts."""
         self._owned = {}
         for partition in list(self.partitions.values()):
-            spawn(
-                self._stop(partition, "ZooKeeper session lost"),
-                self._background,
-                f"stopping partition {partition.partition_id}",
-                log,
-            )
+            self._stop_soon(partition, "ZooKeeper session lost")
         self.partitions.clear()
 
     def superseded(self, partition: Partition, reason: str) -> None:
@@ -218,25 +212,29 @@ class WaltzServer:
         if self.partitions.get(partition_id) is partition:
             self.partitions.pop(partition_id, None)
             self._apply_memory_budget()
-            spawn(
-                self._stop(partition, reason),
-                self._background,
-                f"stopping partition {partition_id}",
-                log,
-            )
+            self._stop_soon(partition, reason)
+
+    def _stop_soon(self, partition: Partition, reason: str) -> asyncio.Task[None]:
+        """Stop ``partition`` (taken off ``partitions`` by the caller) in a task of its
+        own, counted as stopping at once. Counted only once its task ran, a planned stop
+        saw no partition left in the turn between, closed the server under partitions
+        still serving, and their store sessions, ended by the closed connections, started
+        recoveries that raced the new owners'."""
+        return spawn(
+            self._stop(partition, reason),
+            self._stopping,
+            f"stopping partition {partition.partition_id}",
+            log,
+        )
 
     async def _stop(self, partition: Partition, reason: str) -> None:
         log.info("partition %d: stopping: %s", partition.partition_id, reason)
-        self._stops_under_way += 1
-        try:
-            await partition.stop(reason)
-        finally:
-            self._stops_under_way -= 1
+        await partition.stop(reason)
 
     @property
     def holds_partitions(self) -> bool:
         """Whether any partition is served here or still stopping."""
-        return bool(self.partitions) or self._stops_under_way > 0
+        return bool(self.partitions) or bool(self._stopping)
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -280,7 +278,7 @@ class WaltzServer:
         # All at once: each waits for its tasks and its store session to end, and a
         # server giving half its partitions to a newcomer would otherwise take that long
         # once per partition.
-        await asyncio.gather(*(self._stop(partition, why) for partition, why in stopping))
+        await asyncio.gather(*(self._stop_soon(partition, why) for partition, why in stopping))
         self._apply_memory_budget()
         for p, generation in sorted(self._owned.items()):
             if p in self.partitions:
