@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import cast
 
-from .corked import CorkedWriter
+from .corked import CorkedWriter, write_buffers
 from .errors import HandshakeError, ProtocolError
 from .frame_protocol import FrameProtocol
 from .framing import (
@@ -254,7 +254,7 @@ class StorageClient:
             if self._cork is not None:
                 self._cork.writelines(parts)
             else:
-                self._writer.writelines(parts)
+                write_buffers(self._writer.transport, list(parts))
         except RuntimeError as e:  # uvloop: "unable to perform operation on <... closed=True>"
             raise StorageConnectionClosed(f"storage connection is closed: {e}") from e
 

@@ -41,6 +41,7 @@ from waltz_client.runtime.peer_connection import ErrorKinds, PeerConnection
 from waltz_client.runtime.peer_limits import PeerGuard, PeerLimits
 from waltz_client.runtime.peer_warnings import PeerWarnings
 from waltz_client.runtime.tls import TlsContexts, identity_allowed
+from waltz_client.wire.corked import write_buffers
 from waltz_client.wire.framing import DEFAULT_MAX_FRAME_BYTES, Service
 from waltz_client.wire.records import DEFAULT_FORMAT, FORMAT_1
 from waltz_client.wire.storage_messages import (
@@ -391,8 +392,9 @@ class StorageConnection(PeerConnection):
             if self._older:  # a peer before commit times: its records in format 1
                 answers = [(in_record_format(r, FORMAT_1), queued) for r, queued in answers]
             # Records read from disk go to the socket as they are, not copied into a frame.
-            self._transport.writelines(
-                [part for response, _ in answers for part in response.encode_parts()]
+            write_buffers(
+                self._transport,
+                [part for response, _ in answers for part in response.encode_parts()],
             )
         if self._paused and (
             self._queued_requests <= self._settings.queue_max_requests // 2
