@@ -35,6 +35,9 @@ class Resolution(Generic[T]):
     outcome: Outcome
     transaction_id: int = -1  # the committed ID, or the one that made the lock fail
     reason: str = ""  # why it was refused
+    # LOST, settled by the answer of a mount that succeeded: the partition is mounted
+    # again (at its owner, a new one after a move), so a retry need not wait.
+    remounted: bool = False
 
 
 class TransactionMonitor(Generic[T]):
@@ -93,7 +96,7 @@ class TransactionMonitor(Generic[T]):
         return set(self._pending)
 
     def mounted(self) -> list[Resolution[T]]:
-        """A Mount answer: nothing sent before it can still commit."""
-        out = [Resolution(item, Outcome.LOST) for item in self._pending.values()]
+        """A successful Mount's answer: nothing sent before it can still commit."""
+        out = [Resolution(item, Outcome.LOST, remounted=True) for item in self._pending.values()]
         self._pending.clear()
         return out

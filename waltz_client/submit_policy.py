@@ -157,6 +157,12 @@ class SubmissionRetries:
                 return RetryWhenApplied(resolution.transaction_id)
             case Outcome.LOST:
                 self._last_failure = "the append was lost (server or connection failure)"
+                if resolution.remounted:
+                    # In flight across a remount that has succeeded: whatever lost it (a
+                    # partition moved, a connection dropped) is over, and the retry goes
+                    # to the partition's owner at once. Waiting would only lengthen a
+                    # hand-over's gap (a rolling restart's, by the first pause).
+                    return RetryAfter(0.0)
                 if self.backoff is None:
                     self.backoff = Backoff(self.first_backoff)
                 return RetryAfter(self.backoff.grow())

@@ -190,11 +190,12 @@ def test_flushed_empty_set() -> None:
 
 
 def test_mounted_loses_everything_in_send_order() -> None:
+    """Lost across a remount that succeeded: marked so, a retry need not wait."""
     m = monitor_with(3, 1, 2)
     assert m.mounted() == [
-        Resolution("item3", Outcome.LOST),
-        Resolution("item1", Outcome.LOST),
-        Resolution("item2", Outcome.LOST),
+        Resolution("item3", Outcome.LOST, remounted=True),
+        Resolution("item1", Outcome.LOST, remounted=True),
+        Resolution("item2", Outcome.LOST, remounted=True),
     ]
     assert len(m) == 0
     assert m.mounted() == []
@@ -275,7 +276,7 @@ def test_monitor_matches_list_model(operations: list[tuple]) -> None:
             model = [(mq, it) for mq, it in model if mq not in before]
         else:
             got = m.mounted()
-            expected = [Resolution(it, Outcome.LOST) for _, it in model]
+            expected = [Resolution(it, Outcome.LOST, remounted=True) for _, it in model]
             model = []
 
         assert got == expected, (kind, op)

@@ -85,6 +85,18 @@ def test_a_lost_append_runs_again_after_a_growing_pause() -> None:
     assert steps == [RetryAfter(0.05), RetryAfter(0.1), RetryAfter(0.2), RetryAfter(0.4)]
 
 
+def test_an_append_lost_across_a_successful_remount_runs_again_at_once() -> None:
+    """A hand-over: the new owner's mount answered, so the retry goes there now. The
+    backoff is not started, and a loss while mounted still pauses from the first step."""
+    retries = SubmissionRetries(5, 0.05)
+    remounted = Resolution("s", Outcome.LOST, remounted=True)
+    assert [attempted(retries).after(remounted) for _ in range(2)] == [RetryAfter(0.0)] * 2
+    assert retries.backoff is None
+    assert attempted(retries).after(LOST) == RetryAfter(0.05)
+    assert attempted(retries).after(remounted) == RetryAfter(0.0)
+    assert not attempted(retries).may_attempt(closed=False)  # still counted as attempts
+
+
 def test_a_lock_failure_runs_again_once_its_transaction_is_applied() -> None:
     retries = SubmissionRetries(5, 0.05)
     step = attempted(retries).after(Resolution("s", Outcome.LOCK_FAILED, 41))
