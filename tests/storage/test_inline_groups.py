@@ -154,3 +154,60 @@ def test_a_large_group_runs_on_the_io_thread(tmp_path: Path) -> None:
     seen = inline_counts_after_each(node, server, key, [big, records(300, 2)])
     # Open is answered on the loop, not by the worker: the counts are appends only.
     assert seen == [0, 1]
+
+
+def test_new_sessions_are_read_for_while_the_group_before_them_syncs(tmp_path: Path) -> None:
+    """A recovering server's votes reach a node busy with a group (its sync held for 1 s
+    here): their sessions are read as they arrive, on a thread of their own, while that
+    group still syncs, so their own group reads nothing and waits on no ZooKeeper."""
+    key = uuid.uuid4()
+    partitions = {0, 1, 2, 3, 4}
+    node = StorageNode.open(str(tmp_path / "data"), key, 5, partitions)
+    single: list[int] = []
+    batches: list[tuple[list[int], float]] = []
+
+    def read_one(p: int) -> int:
+        single.append(p)
+        return SESSION
+
+    def read_many(ps: list[int]) -> dict[int, int]:
+        batches.append((sorted(ps), time.monotonic()))
+        return dict.fromkeys(ps, SESSION)
+
+    node.verify_sessions_with(read_one, read_many=read_many)
+    server = StorageServer(node, ServerSettings(inline_group_max_seconds=0.0))
+    partition_log = node.partitions[0].log
+    assert partition_log is not None
+    real_sync = partition_log.sync
+    sync_ended: list[float] = []
+
+    def slow_sync(*args: object) -> None:
+        time.sleep(1.0)
+        real_sync(*args)
+        sync_ended.append(time.monotonic())
+
+    async def go() -> None:
+        port = await server.start(HOST, 0)
+        try:
+            async with await StorageClient.connect(HOST, port) as client:
+                await client.open(key, 5)
+                await client.max_transaction_id(SESSION, 0)  # partition 0 fenced first
+                single.clear()
+                batches.clear()
+                partition_log.sync = slow_sync  # type: ignore[method-assign]
+                append = asyncio.ensure_future(client.append(SESSION, 0, records(0, 2)))
+                await asyncio.sleep(0.2)  # its group is syncing
+                votes = [client.last_session_info(SESSION, p) for p in (1, 2, 3, 4)]
+                infos = await asyncio.gather(*votes)
+                await append
+                assert [i.last_session_id for i in infos] == [-1] * 4
+        finally:
+            await server.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        node.close()
+    assert [b for b, _ in batches] == [[1, 2, 3, 4]] and single == []
+    assert batches[0][1] < sync_ended[0]  # read while the group before them synced
+    assert all(node.partitions[p].info.fence_session_id == SESSION for p in (1, 2, 3, 4))

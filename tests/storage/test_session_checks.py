@@ -51,7 +51,7 @@ def checks_on(metadata: Metadata) -> tuple[SessionChecks, Callable[[float], None
     return SessionChecks(metadata.read, StorageMetrics(), clock=lambda: now[0]), advance
 
 
-def test_refusals_are_remembered_for_the_ttl_and_acceptances_never() -> None:
+def test_refusals_are_remembered_for_the_ttl_and_what_was_recorded_for_good() -> None:
     metadata = Metadata({0: 5, 1: 3})
     checks, advance = checks_on(metadata)
     assert "newer than the newest session the cluster metadata records (5)" in str(
@@ -63,15 +63,63 @@ def test_refusals_are_remembered_for_the_ttl_and_acceptances_never() -> None:
     # Another partition has its own.
     assert checks.check(1, HUGE) is not None
     assert metadata.reads == 2
-    # The owner records 6 and uses it: read again, adopted; so is every acceptance.
+    # The owner records 6 and uses it: read again, adopted. What the read found is
+    # remembered (a partition's recorded session only grows): 6 and below are accepted
+    # without another read, a session above it is read for.
     metadata.sessions[0] = 6
     assert checks.check(0, 6) is None
-    assert checks.check(0, 6) is None
-    assert metadata.reads == 4
+    assert metadata.reads == 3
+    assert checks.check(0, 6) is None and checks.check(0, 5) is None
+    assert checks.known_recorded(0, 6) and not checks.known_recorded(0, 7)
+    assert metadata.reads == 3
     # After the TTL the refusal is asked again.
     advance(REFUSAL_TTL)
     assert checks.check(0, HUGE) is not None
-    assert metadata.reads == 5
+    assert metadata.reads == 4
+
+
+def test_a_prefetch_answers_the_check_that_follows() -> None:
+    """Requests with new sessions have their metadata read as they arrive: the check
+    made when their group runs reads nothing, and one made while the prefetch is under
+    way waits for it instead of reading the same again. A prefetch that fails leaves
+    the check to read; a session above what it found is read for, and refused."""
+    metadata = Metadata({0: 5, 1: 3, 2: 9})
+    batches: list[list[int]] = []
+    release = threading.Event()
+
+    def read_many(partition_ids: list[int]) -> dict[int, int]:
+        batches.append(sorted(partition_ids))
+        release.wait(30)
+        return {p: metadata.sessions[p] for p in partition_ids}
+
+    checks = SessionChecks(metadata.read, StorageMetrics(), read_many=read_many)
+    prefetch = threading.Thread(target=checks.prefetch, args=({0: 5, 1: 4, 2: 9},))
+    prefetch.start()
+    while not batches:  # the prefetch is reading
+        threading.Event().wait(0.01)
+    answers: list[str | None] = []
+    waiting = threading.Thread(target=lambda: answers.append(checks.check(2, 9)))
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive() and metadata.reads == 0  # waits for the prefetch
+    release.set()
+    prefetch.join(30)
+    waiting.join(30)
+    assert answers == [None] and metadata.reads == 0
+    assert checks.check(0, 5) is None and metadata.reads == 0
+    assert checks.check(1, 4) is not None and metadata.reads == 1  # 3 recorded: refused
+    # Known partitions are not read again, ahead or prefetched.
+    assert checks.read_ahead({0: 5, 2: 9}) == {}
+    checks.prefetch({0: 4, 2: 8})
+    assert batches == [[0, 1, 2]]
+
+    def broken(_ps: list[int]) -> dict[int, int]:
+        raise TimeoutError("ZooKeeper did not answer")
+
+    failing = SessionChecks(metadata.read, StorageMetrics(), read_many=broken)
+    failing.prefetch({0: 5})
+    assert not failing.known_recorded(0, 5)
+    assert failing.check(0, 5) is None and metadata.reads == 2
 
 
 def test_a_change_of_the_metadata_forgets_the_refusal() -> None:

@@ -209,27 +209,35 @@ class ClusterFollower:
         return NO_SESSION if metadata is None else metadata.session_id
 
     def recorded_sessions(self, partition_ids: list[int]) -> dict[int, int]:
-        """``recorded_session`` of several partitions in one pipelined round trip: every
-        sync and read sent before any answer is awaited (ZooKeeper answers a session's
-        requests in order, so each read follows its sync). Blocking. A partition whose
-        read failed is left out (its request then asks on its own)."""
+        """``recorded_session`` of several partitions in one pipelined round trip: one
+        sync, then every read, all sent before any answer is awaited (ZooKeeper answers a
+        session's requests in order, so the reads follow the sync). Blocking. A
+        partition whose read failed is left out (its request then asks on its own)."""
         zk = self._zk
         if zk is None:
             raise ClusterError("not connected to ZooKeeper")
         watcher = self._metadata_event if self.session_changed is not None else None
+        # One sync for them all: it brings this session's ZooKeeper member up to the
+        # leader, whatever its path, and the reads after it see at least that state.
+        synced = zk.sync_async(self.paths.partition(partition_ids[0])) if partition_ids else None
         asked = []
         for partition_id in partition_ids:
             path = self.paths.partition(partition_id)
             if watcher is not None:
                 self._partition_paths[path] = partition_id
-            asked.append((partition_id, zk.sync_async(path), zk.get_async(path, watch=watcher)))
+            asked.append((partition_id, zk.get_async(path, watch=watcher)))
         recorded: dict[int, int] = {}
         # One deadline for them all: a ZooKeeper that does not answer costs the group one
         # timeout here, not one a partition (its requests then ask on their own).
         deadline = time.monotonic() + SESSION_CHECK_TIMEOUT
-        for partition_id, synced, read in asked:
+        try:
+            if synced is not None:
+                synced.get(timeout=SESSION_CHECK_TIMEOUT)
+        except Exception as e:  # unsynced, a read may lag: each request asks on its own
+            log.debug("syncing before reading %d sessions failed: %s", len(partition_ids), e)
+            return {}
+        for partition_id, read in asked:
             try:
-                synced.get(timeout=max(0.0, deadline - time.monotonic()))
                 data, _ = read.get(timeout=max(0.0, deadline - time.monotonic()))
             except NoNodeError:
                 recorded[partition_id] = NO_SESSION

@@ -140,6 +140,9 @@ class NodeWorker:
         self._queued = 0  # requests ever queued
         self._answered = 0  # requests ever answered
         self._progress = asyncio.Event()  # set after each group
+        # Partitions whose requests just came with a newer session, read for at the end of
+        # this turn of the loop (partition -> the newest such session).
+        self._prefetching: dict[int, int] = {}
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def put(
@@ -148,6 +151,27 @@ class NodeWorker:
         self._queue.append((conn, service, request, size))
         self._queued += 1
         self._wakeup.set()
+        if request.session_id > service.info.fence_session_id:
+            self._prefetch(service.partition_id, request.session_id)
+
+    def _prefetch(self, partition_id: int, session: int) -> None:
+        """Have the metadata read for a request's newer session now, on a thread of its
+        own (``SessionChecks.prefetch``), while the groups queued before it run: its group
+        then finds the session known instead of reading while the node waits."""
+        checks = self.node.session_checks
+        if checks is None or checks.known_recorded(partition_id, session):
+            return
+        wanted = self._prefetching
+        if not wanted:
+            asyncio.get_running_loop().call_soon(self._start_prefetch)
+        if session > wanted.get(partition_id, -1):
+            wanted[partition_id] = session
+
+    def _start_prefetch(self) -> None:
+        wanted, self._prefetching = self._prefetching, {}
+        checks = self.node.session_checks
+        if wanted and checks is not None and not self._stopping:
+            asyncio.get_running_loop().run_in_executor(None, checks.prefetch, wanted)
 
     async def flush(self) -> None:
         """Until every request queued so far is answered."""

@@ -12,16 +12,23 @@ changes (a ZooKeeper watch set by the read forgets it at once), a request of tha
 partition with a session at or above ``min(S, R + 2)`` is refused without asking
 again. R + 1, the next session an owner records, is still asked about unless it was
 itself refused, so the owner's new session is not refused from memory; at worst, when
-a stranger tried that very session just before, for ``REFUSAL_TTL``. A session the
-metadata records is never remembered: an acceptance always comes from a read made for
-that request or, when reads of the partition were under way, after them. Reads of one
+a stranger tried that very session just before, for ``REFUSAL_TTL``. Reads of one
 partition do not overlap: a check that finds one under way waits for it, then decides
 from what it left (single-flight).
+
+What a read found recorded is remembered too, and accepts without a read: a partition's
+recorded session only grows, one at a time (a server records its session + 1 by
+compare-and-set), so once the metadata recorded R, every session up to R is one it
+recorded, and a read now would find R or more. Only acceptances come from that memory;
+a session above it is read for.
 
 A group of requests of many partitions with new sessions (a server that has just taken
 a hundred partitions fences them all on each node) reads their metadata together first,
 in one pipelined round trip (``read_ahead``), instead of one partition after another.
-Such a read only ever accepts: a session at or below the one it found recorded.
+Such a read only ever accepts: a session at or below the one it found recorded. Better
+still, the node asks as such requests arrive (``prefetch``, on a thread of its own),
+while its I/O thread still writes and syncs the groups before them: a recovering
+server's vote then waits for neither.
 
 ``refused_from_memory`` is the decision; ``SessionChecks`` the thread-safe shell
 (called from the node's I/O thread, or from the event loop's for small groups).
@@ -31,12 +38,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from waltz_client.cluster.metadata import NO_SESSION
+
 if TYPE_CHECKING:
     from .metrics import StorageMetrics
+
+# At most how long a check waits for a prefetch of its partition (which has its own
+# deadline, ZooKeeper's read timeout) before reading itself.
+PREFETCH_WAIT = 10.0
 
 # How long a refusal is remembered: short, so a real owner that a stranger raced to
 # its next session is refused for at most this long (the watch usually ends it sooner).
@@ -92,6 +105,8 @@ class SessionChecks:
         self._refusals: dict[int, Refusal] = {}
         self._reading: dict[int, threading.Event] = {}  # partitions with a read under way
         self._changes: dict[int, int] = {}  # metadata changes seen, by partition
+        self._recorded: dict[int, int] = {}  # the newest session a read found, by partition
+        self._prefetching: dict[int, threading.Event] = {}  # partitions a prefetch reads now
         self._checks = metrics.session_checks if metrics is not None else None
         self._remembered = metrics.session_refusals_remembered if metrics is not None else None
 
@@ -102,29 +117,85 @@ class SessionChecks:
             self._refusals.pop(partition_id, None)
             self._changes[partition_id] = self._changes.get(partition_id, 0) + 1
 
+    def known_recorded(self, partition_id: int, session: int) -> bool:
+        """Has a read found ``session`` (or a newer one) recorded? Then it is accepted
+        without another. Any thread."""
+        return self._recorded.get(partition_id, NO_SESSION) >= session
+
+    def _remember(self, recorded: dict[int, int]) -> None:
+        with self._lock:
+            for partition_id, session in recorded.items():
+                if session > self._recorded.get(partition_id, NO_SESSION):
+                    self._recorded[partition_id] = session
+
+    def _after_prefetches(self, partition_ids: Iterable[int]) -> None:
+        """Wait for the prefetches reading any of ``partition_ids``: a check decides on
+        what they found rather than reading the same again."""
+        with self._lock:
+            under_way = {self._prefetching.get(p) for p in partition_ids} - {None}
+        for done in under_way:
+            assert done is not None
+            done.wait(PREFETCH_WAIT)
+
+    def _to_ask(self, wanted: dict[int, int]) -> list[int]:
+        """Of ``wanted``, the partitions worth a read: not known to record the session,
+        not refused from memory."""
+        self._after_prefetches(wanted)
+        now = self._clock()
+        with self._lock:
+            return [
+                partition_id
+                for partition_id, session in wanted.items()
+                if self._recorded.get(partition_id, NO_SESSION) < session
+                and not refused_from_memory(
+                    self._refusals.get(partition_id), session, now, self._ttl
+                )
+            ]
+
     def read_ahead(self, wanted: dict[int, int]) -> dict[int, int]:
         """The sessions the metadata records for partitions whose requests carry a newer
         session (``wanted``: partition -> that session), read in one round trip; for the
         caller to accept those sessions at or below them (``accepted_ahead``). Left out,
-        to ask on their own: partitions refused from memory, and every one when there is
-        no batch reader, fewer than two to read, or the read fails."""
+        to ask on their own (or be accepted from memory, ``known_recorded``): partitions
+        known to record theirs, partitions refused from memory, and every one when there
+        is no batch reader, fewer than two to read, or the read fails."""
         if self._read_many is None:
             return {}
-        now = self._clock()
-        with self._lock:
-            ask = [
-                partition_id
-                for partition_id, session in wanted.items()
-                if not refused_from_memory(
-                    self._refusals.get(partition_id), session, now, self._ttl
-                )
-            ]
+        ask = self._to_ask(wanted)
         if len(ask) < 2:
             return {}
         try:
-            return self._read_many(ask)
+            recorded = self._read_many(ask)
         except Exception:  # each request asks on its own, and says why if it fails
             return {}
+        self._remember(recorded)
+        return recorded
+
+    def prefetch(self, wanted: dict[int, int]) -> None:
+        """Read, for ``known_recorded``, the sessions of partitions whose requests just
+        arrived with a newer session (``wanted``: partition -> that session), before
+        their group runs. Blocking, for a thread of its own; a failure leaves the
+        group's own check to ask."""
+        if self._read_many is None:
+            return
+        ask = self._to_ask(wanted)
+        done = threading.Event()
+        with self._lock:
+            ask = [p for p in ask if p not in self._prefetching]
+            for partition_id in ask:
+                self._prefetching[partition_id] = done
+        if not ask:
+            return
+        try:
+            self._remember(self._read_many(ask))
+        except Exception:
+            pass
+        finally:
+            with self._lock:
+                for partition_id in ask:
+                    if self._prefetching.get(partition_id) is done:
+                        del self._prefetching[partition_id]
+            done.set()
 
     def accepted_ahead(self) -> None:
         """A session accepted on ``read_ahead``'s word (counted as a check)."""
@@ -133,6 +204,10 @@ class SessionChecks:
     def check(self, partition_id: int, session: int) -> str | None:
         """Why ``session`` may not be adopted for the partition, or None when the
         metadata records it (or a newer one)."""
+        self._after_prefetches((partition_id,))
+        if self.known_recorded(partition_id, session):
+            self._count("recorded")
+            return None
         while True:
             with self._lock:
                 refusal = self._refusals.get(partition_id)
@@ -164,6 +239,7 @@ class SessionChecks:
                 f"partition {partition_id}: cannot check session {session} against the "
                 f"cluster metadata ({type(e).__name__}: {e}); retry"
             )
+        self._remember({partition_id: recorded})
         if session <= recorded:
             self._count("recorded")
             return None
