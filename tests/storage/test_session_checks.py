@@ -92,7 +92,9 @@ def test_a_prefetch_answers_the_check_that_follows() -> None:
         release.wait(30)
         return {p: metadata.sessions[p] for p in partition_ids}
 
-    checks = SessionChecks(metadata.read, StorageMetrics(), read_many=read_many)
+    # A wait longer than any busy machine's pause: the check below must wait for the
+    # prefetch, however late this thread releases it.
+    checks = SessionChecks(metadata.read, StorageMetrics(), read_many=read_many, prefetch_wait=60)
     prefetch = threading.Thread(target=checks.prefetch, args=({0: 5, 1: 4, 2: 9},))
     prefetch.start()
     while not batches:  # the prefetch is reading

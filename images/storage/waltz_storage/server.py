@@ -141,8 +141,10 @@ class NodeWorker:
         self._answered = 0  # requests ever answered
         self._progress = asyncio.Event()  # set after each group
         # Partitions whose requests just came with a newer session, read for at the end of
-        # this turn of the loop (partition -> the newest such session).
+        # this turn of the loop (partition -> the newest such session); one read at a
+        # time, so that a ZooKeeper that does not answer holds one thread, not a queue.
         self._prefetching: dict[int, int] = {}
+        self._prefetch_running = False
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def put(
@@ -162,16 +164,27 @@ class NodeWorker:
         if checks is None or checks.known_recorded(partition_id, session):
             return
         wanted = self._prefetching
-        if not wanted:
+        if not wanted and not self._prefetch_running:
             asyncio.get_running_loop().call_soon(self._start_prefetch)
         if session > wanted.get(partition_id, -1):
             wanted[partition_id] = session
 
     def _start_prefetch(self) -> None:
-        wanted, self._prefetching = self._prefetching, {}
         checks = self.node.session_checks
-        if wanted and checks is not None and not self._stopping:
-            asyncio.get_running_loop().run_in_executor(None, checks.prefetch, wanted)
+        if not self._prefetching or checks is None or self._stopping or self._prefetch_running:
+            return
+        wanted, self._prefetching = self._prefetching, {}
+        self._prefetch_running = True
+        read = asyncio.get_running_loop().run_in_executor(None, checks.prefetch, wanted)
+        read.add_done_callback(self._prefetched)
+
+    def _prefetched(self, read: asyncio.Future[None]) -> None:
+        """One prefetch done: the next, for what came meanwhile."""
+        self._prefetch_running = False
+        if not read.cancelled() and read.exception() is not None:
+            log.warning("reading sessions ahead failed: %s", read.exception())
+        if self._prefetching:
+            self._start_prefetch()
 
     async def flush(self) -> None:
         """Until every request queued so far is answered."""

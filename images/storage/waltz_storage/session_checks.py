@@ -47,9 +47,10 @@ from waltz_client.cluster.metadata import NO_SESSION
 if TYPE_CHECKING:
     from .metrics import StorageMetrics
 
-# At most how long a check waits for a prefetch of its partition (which has its own
-# deadline, ZooKeeper's read timeout) before reading itself.
-PREFETCH_WAIT = 10.0
+# At most how long a check waits for a prefetch of its partition before reading itself:
+# a prefetch takes a round trip to ZooKeeper; one that takes longer (ZooKeeper stalled,
+# up to its 10-s read timeout) must not add its wait to the check's own read.
+PREFETCH_WAIT = 0.5
 
 # How long a refusal is remembered: short, so a real owner that a stranger raced to
 # its next session is refused for at most this long (the watch usually ends it sooner).
@@ -96,10 +97,12 @@ class SessionChecks:
         read_many: ReadSessions | None = None,
         ttl: float = REFUSAL_TTL,
         clock: Callable[[], float] = time.monotonic,
+        prefetch_wait: float = PREFETCH_WAIT,
     ) -> None:
         self._read = read
         self._read_many = read_many
         self._ttl = ttl
+        self._prefetch_wait = prefetch_wait
         self._clock = clock
         self._lock = threading.Lock()
         self._refusals: dict[int, Refusal] = {}
@@ -135,7 +138,7 @@ class SessionChecks:
             under_way = {self._prefetching.get(p) for p in partition_ids} - {None}
         for done in under_way:
             assert done is not None
-            done.wait(PREFETCH_WAIT)
+            done.wait(self._prefetch_wait)
 
     def _to_ask(self, wanted: dict[int, int]) -> list[int]:
         """Of ``wanted``, the partitions worth a read: not known to record the session,
