@@ -18,7 +18,7 @@ import pytest
 from waltz_client.runtime import event_loop
 from waltz_client.runtime.tls import TlsContexts, TlsFiles
 from waltz_client.tools.local.certs import local_pki
-from waltz_client.wire.corked import CorkedWriter, is_tls, write_buffers
+from waltz_client.wire.corked import CorkedWriter, coalesced, is_tls, write_buffers
 
 APPLICATION_DATA = 23
 FRAMES = 10
@@ -126,6 +126,18 @@ def test_plain_writelines_would_make_a_record_of_each_buffer(pki) -> None:
     records, received = event_loop.run(records_for_one_turn(pki, writelines))
     assert received == (HEAD + BODY) * FRAMES
     assert records == 2 * FRAMES
+
+
+def test_small_buffers_are_joined_and_large_ones_left_as_they_are() -> None:
+    """A range read's records (a buffer of a TLS record or more) are not copied: only
+    the runs of small buffers around them are joined."""
+    big = memoryview(b"r" * 20000)
+    assert coalesced([b"a", b"b", big, b"c", b"d", b"e"]) == [b"ab", big, b"cde"]
+    assert coalesced([big, b"x"]) == [big, b"x"]
+    assert coalesced([b"only"]) == [b"only"]
+    assert coalesced([]) == []
+    joined = coalesced([b"a", b"b", big, b"c", b"d", b"e"])
+    assert joined[1] is big  # not copied
 
 
 def test_plain_text_keeps_the_buffers_apart() -> None:

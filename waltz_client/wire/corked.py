@@ -7,9 +7,11 @@ one by one, each frame costs a ``send`` (profiled: the server's socket writes we
 together with ``writelines`` when the loop gets to the flush it scheduled, after the
 callbacks already due: no timer, no added wait.
 
-Over TLS the buffers are joined first: uvloop's TLS transport encrypts each buffer that
-``writelines`` gets as its own TLS record (and the peer decrypts each on its own), so a
-frame written as a head and a body cost two records, a turn of ten frames twenty.
+Over TLS the small buffers are joined first: uvloop's TLS transport encrypts each buffer
+that ``writelines`` gets as its own TLS record (and the peer decrypts each on its own),
+so a frame written as a head and a body cost two records, a turn of ten frames twenty.
+A buffer of a TLS record's size or more (a range read's records) is left as it is: its
+records are full anyway, and copying megabytes would cost more than it saves.
 """
 
 from __future__ import annotations
@@ -22,15 +24,38 @@ def is_tls(transport: asyncio.BaseTransport) -> bool:
     return transport.get_extra_info("ssl_object") is not None
 
 
+TLS_RECORD_BYTES = 16 * 1024  # the most a TLS record holds
+
+
+def coalesced(
+    buffers: list[bytes | bytearray | memoryview],
+) -> list[bytes | bytearray | memoryview]:
+    """``buffers`` with each run of buffers smaller than a TLS record joined into one."""
+    out: list[bytes | bytearray | memoryview] = []
+    run: list[bytes | bytearray | memoryview] = []
+    for buffer in buffers:
+        if len(buffer) < TLS_RECORD_BYTES:
+            run.append(buffer)
+            continue
+        if run:
+            out.append(b"".join(run) if len(run) > 1 else run[0])
+            run = []
+        out.append(buffer)
+    if run:
+        out.append(b"".join(run) if len(run) > 1 else run[0])
+    return out
+
+
 def write_buffers(
     transport: asyncio.WriteTransport,
     buffers: list[bytes | bytearray | memoryview],
     tls: bool | None = None,
 ) -> None:
     """``transport.writelines(buffers)``; over TLS (``tls``, or asked of the transport)
-    one buffer, so one TLS record rather than one a buffer."""
+    the small buffers joined (``coalesced``), so a turn's frames make one TLS record
+    rather than one a buffer."""
     if len(buffers) > 1 and (is_tls(transport) if tls is None else tls):
-        transport.write(b"".join(buffers))
+        transport.writelines(coalesced(buffers))
     else:
         transport.writelines(buffers)
 
