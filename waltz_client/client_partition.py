@@ -85,6 +85,10 @@ class Reaction(Generic[T]):
 
     settled: list[Resolution[T]] = field(default_factory=list)  # appends now decided
     remount: bool = False  # mount again
+    # ...elsewhere: the server of this mount stopped serving the partition (it suspended
+    # the feed), so the next mount waits for ZooKeeper to show the partition's new owner
+    # or generation rather than ask that server again.
+    owner_gone: bool = False
     note: str = ""  # why, when worth telling (the partition's feed stopped)
     # The answer to the mount under way: its status, or the error that refused it.
     mount_status: MountStatus | None = None
@@ -298,7 +302,7 @@ class ClientPartition(Generic[T]):
                 settled = self.monitor.flushed(flush.sent_before) if settles else []
                 return Reaction(settled, flush=q, flush_high_water_mark=txid)
             case FeedSuspended(reason=reason) if q == self.mount_req:
-                return Reaction(remount=True, note=f"feed suspended: {reason}")
+                return Reaction(remount=True, owner_gone=True, note=f"feed suspended: {reason}")
             case ErrorResponse() if q == self.mount_req:
                 if self.phase is not MountPhase.MOUNTING:
                     # The feed of a settled mount ended (its next transaction went with

@@ -22,7 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .append import append_request
 from .callbacks import WaltzClientCallbacks
-from .client_partition import ClientPartition, Reaction
+from .client_partition import MAX_OWNER_WAIT, ClientPartition, Reaction
 from .cluster_view import ClusterView
 from .config import WaltzClientConfig
 from .errors import Forbidden, MissingTransactions, WaltzError
@@ -90,6 +90,8 @@ class PartitionDriver(Generic[S]):
     inbox: asyncio.Queue[ClientMessage] = field(default_factory=asyncio.Queue)  # in order
     inbox_waiting: bool = False  # its loop waits for the next message, none in hand
     mount_answer: asyncio.Future[Any] | None = None
+    mounted_at: tuple[str, int] | None = None  # (endpoint, generation) of the last READY
+    left: tuple[str, int] | None = None  # ...whose server then suspended the feed
     refused: asyncio.Event = field(default_factory=asyncio.Event)  # core.refusal is set
     flush_answers: dict[ReqId, asyncio.Future[int]] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -168,6 +170,13 @@ class PartitionDriver(Generic[S]):
             self.ready.clear()  # the reconnect procedure: appends wait
             core.remounting()
             owner = ctx.view.owner(p)
+            if owner is not None and owner == self.left:
+                # That server suspended this partition's feed: it serves it no more under
+                # that generation. Wait for ZooKeeper to show where it went (a hand-over
+                # writes it before the feeds are suspended) rather than ask it again.
+                await ctx.view.changed(MAX_OWNER_WAIT)
+                owner = ctx.view.owner(p)
+            self.left = None
             if owner is None:
                 await ctx.view.changed(1.0)
                 continue
@@ -211,6 +220,7 @@ class PartitionDriver(Generic[S]):
                 continue
             step = core.mount_answered(status)
             if step.ready:
+                self.mounted_at = owner
                 self.refused.clear()
                 self.ready.set()
                 await self.remount.wait()
@@ -366,6 +376,8 @@ class PartitionDriver(Generic[S]):
         _resolve(reaction.settled)
         if reaction.note:
             log.info("partition %d: %s", self.partition_id, reaction.note)
+        if reaction.owner_gone:
+            self.left = self.mounted_at
         if reaction.remount:
             self.remount.set()
         answer = self.mount_answer

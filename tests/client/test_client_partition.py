@@ -216,7 +216,11 @@ def test_feed_suspended_remounts_only_for_the_current_mount() -> None:
     core = mounted()
     reaction = core.receive(FeedSuspended(MOUNT, "moved"))
     assert reaction.remount and reaction.note == "feed suspended: moved"
+    assert reaction.owner_gone  # its server serves the partition no more: look elsewhere
     assert not core.receive(FeedSuspended(rid(99), "an older mount")).remount
+    # A feed that ended for another reason (retention) is mounted again where it was.
+    ended = core.receive(ErrorResponse(MOUNT, ErrorCode.TRUNCATED, "gone"))
+    assert ended.remount and not ended.owner_gone
 
 
 def test_start_marks() -> None:

@@ -7,6 +7,7 @@ daemons, real ZooKeeper."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 
@@ -15,6 +16,7 @@ from server_harness import Put, ownership, read_all, wait_for
 
 from waltz_client import WaltzClient, WaltzClientConfig
 from waltz_client.client import SubmitStatus
+from waltz_client.cluster_view import ClusterView
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -86,3 +88,55 @@ def test_a_stopped_server_hands_its_partitions_over_before_its_session_ends(make
     assert cluster.servers[1 - index].stop() == 0
     assert time.monotonic() - started < 15
     assert logged_at(other_log, "no other server to hand the partitions over to")
+
+
+def test_after_its_feed_is_suspended_a_client_mounts_at_the_new_owner_not_the_old(
+    make_cluster, monkeypatch, caplog
+):
+    """The old owner suspends the moved partitions' feeds right after the hand-over. A
+    client whose ZooKeeper watch has not yet shown the new owner (delayed here by 0.25 s)
+    waits for it instead of mounting at the server that just suspended its feed (a
+    round trip to be refused, under load tens of milliseconds of a rolling restart's
+    gap). Its appends go on committing at the new owner."""
+    cluster = make_cluster(partitions=2, servers=2)
+    wait_for(
+        lambda: {owner for owner, _ in ownership(cluster).values()} == {"server-0", "server-1"},
+        what="both servers owning partitions",
+    )
+    leaving = ownership(cluster)[0][0]
+    assert leaving is not None
+    index = int(leaving.rsplit("-", 1)[1])
+    old_endpoint = f":{cluster.servers[index].ready['port']}"
+    real = ClusterView._post
+
+    def late(view: ClusterView, fn, *args) -> None:  # ZooKeeper's watches arrive late
+        loop = view._loop
+        assert loop is not None
+        real(view, loop.call_later, 0.25, fn, *args)
+
+    monkeypatch.setattr(ClusterView, "_post", late)
+    caplog.set_level(logging.INFO, logger="waltz_client.client")
+    config = WaltzClientConfig(
+        cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False, max_retries=100
+    )
+    committed_after: list[int] = []
+
+    async def scenario() -> None:
+        async with WaltzClient(config) as client:
+            assert (await client.submit(Put(b"before", 0))).status == SubmitStatus.COMMITTED
+            await asyncio.to_thread(cluster.servers[index].stop)
+            for i in range(5):
+                result = await client.submit(Put(b"after-%d" % i, 0))
+                assert result.status == SubmitStatus.COMMITTED
+                committed_after.append(result.transaction_id)
+
+    asyncio.run(scenario())
+    lines = [r.getMessage() for r in caplog.records if r.name == "waltz_client.client"]
+    suspended = [i for i, line in enumerate(lines) if "partition 0: feed suspended" in line]
+    assert suspended, lines
+    after = lines[suspended[0] :]
+    asked_old = [
+        line for line in after if line.startswith("partition 0: mount") and old_endpoint in line
+    ]
+    assert not asked_old, after
+    assert len(committed_after) == 5
