@@ -15,6 +15,7 @@ import pathlib
 import socketserver
 import ssl
 import subprocess
+import sys
 import textwrap
 import threading
 
@@ -922,8 +923,10 @@ class _FakeCustomObjects:
 
 def _run_uninstall_hook(monkeypatch, api: _FakeCustomObjects) -> tuple[int, float]:
     """Runs the hook's script in-process against ``api``, on a fake clock: (exit status,
-    seconds waited)."""
-    import time
+    seconds waited). The clock is a ``time`` module of its own that only the script
+    imports: patching the real one would let any other thread of this process that
+    sleeps meanwhile (a client left retrying by an earlier test) move the clock."""
+    import types
 
     import kubernetes
 
@@ -934,8 +937,10 @@ def _run_uninstall_hook(monkeypatch, api: _FakeCustomObjects) -> tuple[int, floa
     monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: None)
     monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda: api)
     clock = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    fake_time = types.ModuleType("time")
+    fake_time.monotonic = lambda: clock[0]  # type: ignore[attr-defined]
+    fake_time.sleep = lambda s: clock.__setitem__(0, clock[0] + s)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "time", fake_time)
     try:
         exec(compile(job["args"][0], UNINSTALL, "exec"), {"__name__": "__main__"})
     except SystemExit as e:
