@@ -30,15 +30,22 @@ def logged_at(path: str, text: str) -> list[str]:
         return [m.group(1) for line in f if text in line and (m := STAMP.match(line))]
 
 
-def test_a_stopped_server_hands_its_partitions_over_before_its_session_ends(make_cluster):
-    cluster = make_cluster(partitions=PARTITIONS, servers=2)
+def two_servers(make_cluster, partitions: int):
+    """A cluster of two servers once both own partitions; the index of the one owning
+    partition 0 (the one to stop)."""
+    cluster = make_cluster(partitions=partitions, servers=2)
     wait_for(
         lambda: {owner for owner, _ in ownership(cluster).values()} == {"server-0", "server-1"},
         what="both servers owning partitions",
     )
     leaving = ownership(cluster)[0][0]
     assert leaving is not None
-    index = int(leaving.rsplit("-", 1)[1])
+    return cluster, int(leaving.rsplit("-", 1)[1])
+
+
+def test_a_stopped_server_hands_its_partitions_over_before_its_session_ends(make_cluster):
+    cluster, index = two_servers(make_cluster, PARTITIONS)
+    leaving = f"server-{index}"
     staying = f"server-{1 - index}"
     moved = sorted(p for p, (owner, _) in ownership(cluster).items() if owner == leaving)
     config = WaltzClientConfig(
@@ -98,14 +105,7 @@ def test_after_its_feed_is_suspended_a_client_mounts_at_the_new_owner_not_the_ol
     waits for it instead of mounting at the server that just suspended its feed (a
     round trip to be refused, under load tens of milliseconds of a rolling restart's
     gap). Its appends go on committing at the new owner."""
-    cluster = make_cluster(partitions=2, servers=2)
-    wait_for(
-        lambda: {owner for owner, _ in ownership(cluster).values()} == {"server-0", "server-1"},
-        what="both servers owning partitions",
-    )
-    leaving = ownership(cluster)[0][0]
-    assert leaving is not None
-    index = int(leaving.rsplit("-", 1)[1])
+    cluster, index = two_servers(make_cluster, 2)
     old_endpoint = f":{cluster.servers[index].ready['port']}"
     real = ClusterView._post
 
