@@ -67,7 +67,10 @@ async def records_for_one_turn(pki: dict[str, TlsFiles], flush) -> tuple[int, by
     expected = FRAMES * (len(HEAD) + len(BODY))
     done = asyncio.Event()
 
+    accepted = asyncio.Event()
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()  # the handshake is done: the client's last records passed the relay
         while len(received) < expected and (data := await reader.read(65536)):
             received.extend(data)
         done.set()
@@ -89,7 +92,7 @@ async def records_for_one_turn(pki: dict[str, TlsFiles], flush) -> tuple[int, by
     _, writer = await asyncio.open_connection("127.0.0.1", relay_port, ssl=context)
     transport = writer.transport
     assert is_tls(transport)
-    await asyncio.sleep(0.2)  # the handshake's last records have passed the relay
+    await asyncio.wait_for(accepted.wait(), 30)
     before = counter.application_data
     flush(transport, [part for _ in range(FRAMES) for part in (HEAD, BODY)])
     await asyncio.wait_for(done.wait(), 30)

@@ -14,7 +14,7 @@ import time
 import pytest
 from server_harness import Put, ownership, read_all, wait_for
 
-from waltz_client import WaltzClient, WaltzClientConfig
+from waltz_client import WaltzClient, WaltzClientConfig, partition_driver
 from waltz_client.client import SubmitStatus
 from waltz_client.cluster_view import ClusterView
 
@@ -115,6 +115,8 @@ def test_after_its_feed_is_suspended_a_client_mounts_at_the_new_owner_not_the_ol
         real(view, loop.call_later, 0.25, fn, *args)
 
     monkeypatch.setattr(ClusterView, "_post", late)
+    # However busy the machine, the client waits for the late view rather than give up.
+    monkeypatch.setattr(partition_driver, "MAX_OWNER_WAIT", 60.0)
     caplog.set_level(logging.INFO, logger="waltz_client.client")
     config = WaltzClientConfig(
         cluster.zookeeper_connect, zk_root=cluster.layout.root, feed=False, max_retries=100
