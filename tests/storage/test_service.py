@@ -943,6 +943,36 @@ def test_a_group_fencing_many_partitions_syncs_the_control_file_once(
         assert info.fence_session_id == (4 if p == 0 else 3) and info.session_id == 3
 
 
+def test_a_group_that_fails_part_way_releases_every_partition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug that raises in the middle of a group (the node answers INTERNAL and serves
+    on) leaves no partition locked and none of the group's settings behind."""
+    node = open_node(tmp_path, {0, 1, 2}, num=3)
+    try:
+        broken = node.partitions[1]
+
+        def write(_requests: list) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(broken, "write", write)
+        group = [(node.partitions[p], [LastSessionInfoRequest(2, 1, p)]) for p in (0, 1, 2)]
+        with pytest.raises(RuntimeError, match="a bug"):
+            node.process_group(group)
+        monkeypatch.undo()
+        for p in (0, 1, 2):
+            svc = node.partitions[p]
+            assert not svc.defer_control_sync and svc.recorded_ahead is None
+            assert svc.lock._lock.acquire(blocking=False), f"partition {p} is still locked"
+            svc.lock._lock.release()
+        # And the partitions serve on.
+        assert node.process_group(group) == [
+            [LastSessionInfoResponse(2, 1, p, -1, -1, -1)] for p in (0, 1, 2)
+        ]
+    finally:
+        node.close()
+
+
 def test_a_failed_control_file_fsync_fails_every_answer_of_its_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

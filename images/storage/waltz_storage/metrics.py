@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 FSYNC_BUCKETS = (
@@ -37,7 +37,8 @@ class ScrapedPartition(Protocol):
     def partition_id(self) -> int: ...
 
     def snapshot(self) -> Mapping[str, float]:
-        """The partition's gauges by name (``_PartitionCollector`` lists the names)."""
+        """The partition's gauges and counters by name (``_PartitionCollector`` lists the
+        names)."""
         ...
 
 
@@ -47,24 +48,6 @@ class StorageMetrics:
         r = self.registry
         # process_*: CPU, resident memory, open files and their limit (/proc/self).
         ProcessCollector(registry=r)
-        self.appended_records = Counter(
-            "waltz_storage_appended_records",
-            "Records appended and fsync'd",
-            ["partition"],
-            registry=r,
-        )
-        self.appended_bytes = Counter(
-            "waltz_storage_appended_bytes",
-            "Transaction data bytes appended and fsync'd",
-            ["partition"],
-            registry=r,
-        )
-        self.fsyncs = Counter(
-            "waltz_storage_fsyncs",
-            "Group commits of segment data (its own fsync, or a sync shared with others)",
-            ["partition"],
-            registry=r,
-        )
         self.fsync_seconds = Histogram(
             "waltz_storage_fsync_seconds",
             "Latency of one group commit's own fsync",
@@ -196,10 +179,19 @@ class _PartitionCollector(Collector):
             "needs_restart": "1 after an fsync failed: only a restart makes the partition "
             "serve again",
         }
-        metrics = {
+        metrics: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             name: GaugeMetricFamily(f"waltz_storage_partition_{name}", doc, labels=["partition"])
             for name, doc in families.items()
         }
+        # Counted by the partition since the node opened it (a series starts again at 0
+        # when it is opened again, as a counter does when its process restarts).
+        counters = {
+            "appended_records": "Records appended and fsync'd",
+            "appended_bytes": "Transaction data bytes appended and fsync'd",
+            "fsyncs": "Group commits of segment data (its own fsync, or a sync shared with others)",
+        }
+        for name, doc in counters.items():
+            metrics[name] = CounterMetricFamily(f"waltz_storage_{name}", doc, labels=["partition"])
         for svc in self._source():
             label = [str(svc.partition_id)]
             state = svc.snapshot()

@@ -27,6 +27,8 @@ from .segment_format import disk_bytes_bound, disk_overhead, segment_stem
 
 log = logging.getLogger(__name__)
 
+_OVERHEAD = disk_overhead(DEFAULT_FORMAT)  # a record's bytes on disk beyond its data
+
 DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
 # One write group with the default limits (8 MiB group + one 64 MiB frame; on disk at most
 # 4/3 of that: an older server's records of format 1 grow from 36 to 48 bytes): 96 MiB.
@@ -164,7 +166,7 @@ class PartitionLog:
         if batch.format.version != DEFAULT_FORMAT.version:
             batch = batch.convert(DEFAULT_FORMAT)
             spans = batch.spans
-        overhead = disk_overhead(DEFAULT_FORMAT)
+        overhead = _OVERHEAD
         start = 0
         while start < n:
             active = self.segments[-1]

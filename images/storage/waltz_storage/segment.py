@@ -680,8 +680,12 @@ class Segment:
 def _write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     """pwrite all of ``data`` at ``offset``: after a short write (a full disk fills in the
     middle of it), the next call says why."""
+    done = os.pwrite(fd, data, offset)
+    if done == len(data):  # the usual case: all at once, no view
+        return
     view = memoryview(data)
-    done = 0
+    if done <= 0:
+        raise OSError(f"short write: 0 of {len(view)} bytes")
     while done < len(view):
         written = os.pwrite(fd, view[done:], offset + done)
         if written <= 0:

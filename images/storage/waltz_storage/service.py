@@ -5,7 +5,7 @@ partitions: ``process_group``). One partition's requests are ``PartitionService`
 
 from __future__ import annotations
 
-import contextlib
+import contextvars
 import logging
 import os
 import time
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from waltz_client.cluster.metadata import key_fingerprint
-from waltz_client.runtime.json_logs import log_context
+from waltz_client.runtime.json_logs import PARTITION, SESSION, log_context
 from waltz_client.wire.storage_messages import (
     FailureResponse,
     OpenRequest,
@@ -49,21 +49,25 @@ def process_group(
     """Each partition's requests in order; the responses of each. The appends become
     durable before any is answered: with one group sync when several partitions appended."""
     several = len(group) > 1
-    with contextlib.ExitStack() as held:
+    locked: list[PartitionService] = []
+    try:
         for service, _ in group:
-            held.enter_context(service.lock)
+            service.lock.__enter__()
+            locked.append(service)
             if several:
                 # One control-file fsync for the group (``_sync_control``), not one a
                 # partition: a server recovering a hundred partitions at once fences and
                 # cleans them all on each node.
                 service.defer_control_sync = True
-                held.callback(_stop_deferring, service)
         if several:
-            _read_sessions_ahead(group, held)
+            _read_sessions_ahead(group)
         pending = []
         for service, requests in group:
-            with _log_context(service, requests):
+            tokens = _enter_log_context(service, requests)
+            try:
                 pending.append(service.write(requests))
+            finally:
+                _leave_log_context(tokens)
         appending = [p for p in pending if p.unsynced]
         if len(appending) > 1 and group_sync.available:
             sync_data: Callable[[int], None] = already_durable
@@ -76,27 +80,47 @@ def process_group(
                 elapsed = time.perf_counter() - started
                 metrics.group_sync_seconds.labels(group_sync.method).observe(elapsed)
             for p in appending:
-                with log_context(partition=p.service.partition_id):
+                token = PARTITION.set(p.service.partition_id)
+                try:
                     p.service.commit(p, sync_data)
+                finally:
+                    PARTITION.reset(token)
         else:
             for p in appending:
-                with log_context(partition=p.service.partition_id):
+                token = PARTITION.set(p.service.partition_id)
+                try:
                     p.service.commit(p)
+                finally:
+                    PARTITION.reset(token)
         if several:
             _sync_control(pending)  # last: a failure replaces every answer of its partition
         return [p.responses for p in pending]  # type: ignore[misc]
+    finally:
+        _release(locked, several)
 
 
-def _stop_deferring(service: PartitionService) -> None:
-    service.defer_control_sync = False
+def _release(locked: list[PartitionService], several: bool) -> None:
+    """End a group: what it set on its partitions cleared, their locks released in the
+    reverse order of taking them, every one even when one fails (as nested ``with``
+    blocks would), the first failure raised after."""
+    failure: BaseException | None = None
+    for service in reversed(locked):
+        if several:
+            service.defer_control_sync = False
+            service.recorded_ahead = None
+        try:
+            service.lock.__exit__(None, None, None)
+        except BaseException as e:
+            failure = failure or e
+    if failure is not None:
+        raise failure
 
 
-def _read_sessions_ahead(
-    group: list[tuple[PartitionService, list[StorageMessage]]], held: contextlib.ExitStack
-) -> None:
+def _read_sessions_ahead(group: list[tuple[PartitionService, list[StorageMessage]]]) -> None:
     """The recorded sessions of the group's partitions whose requests bring a new one,
     read together (``SessionChecks.read_ahead``) rather than one partition after
-    another as each request is fenced; for the rest of the group."""
+    another as each request is fenced; for the rest of the group (``process_group``
+    clears them at its end)."""
     checks = group[0][0].session_checks
     if checks is None:
         return
@@ -111,11 +135,6 @@ def _read_sessions_ahead(
     for service, _ in group:
         if service.partition_id in recorded:
             service.recorded_ahead = recorded[service.partition_id]
-            held.callback(_forget_ahead, service)
-
-
-def _forget_ahead(service: PartitionService) -> None:
-    service.recorded_ahead = None
 
 
 def _sync_control(pending: list[PendingAppends]) -> None:
@@ -135,13 +154,28 @@ def _sync_control(pending: list[PendingAppends]) -> None:
             p.service.control_synced(p, errors[id(p.service.control)])
 
 
-def _log_context(service: PartitionService, requests: list[StorageMessage]) -> log_context:
+def _enter_log_context(
+    service: PartitionService, requests: list[StorageMessage]
+) -> tuple[contextvars.Token[int | None], contextvars.Token[int | None] | None]:
     """What a partition's requests log names: the partition, and the server's session
-    when they all come from one."""
+    when they all come from one (set directly: a ``log_context`` object a partition and
+    group costs more than the rest of a small append's bookkeeping)."""
     session: int | None = requests[0].session_id if requests else None
     if any(r.session_id != session for r in requests):
         session = None
-    return log_context(partition=service.partition_id, session=session)
+    return (
+        PARTITION.set(service.partition_id),
+        None if session is None else SESSION.set(session),
+    )
+
+
+def _leave_log_context(
+    tokens: tuple[contextvars.Token[int | None], contextvars.Token[int | None] | None],
+) -> None:
+    partition, session = tokens
+    if session is not None:
+        SESSION.reset(session)
+    PARTITION.reset(partition)
 
 
 def process_in_order(
