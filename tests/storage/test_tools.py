@@ -226,6 +226,9 @@ def test_control_reflects_a_newer_session_after_sigkill(storage_node, waltz):
         (["bench-sync", "--files", "a"], ["--files"]),
         (["bench-sync", "--rounds", "0"], ["--rounds"]),
         (["bench-sync", "--dir", "{missing}"], ["not a directory"]),
+        (["bench-group", "--partitions", "a"], ["--partitions"]),
+        (["bench-group", "--appends", "0"], ["--appends"]),
+        (["bench-group", "--dir", "{missing}"], ["not a directory"]),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(tmp_path, waltz, args, words):
@@ -341,4 +344,23 @@ def test_bench_sync_compares_a_file_each_with_one_journal(tmp_path, waltz):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == f"{int(cells[0]) * 512:,}"
         assert float(cells[2]) > 0 and float(cells[4]) > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_group_reports_a_row_a_group_size_and_leaves_nothing(tmp_path, waltz):
+    """What a group of appends costs the I/O thread, by the partitions in it: a row each,
+    the user and system CPU a request and the wall time a group, and no files left."""
+    result = waltz(
+        "storage", "bench-group", "--dir", str(tmp_path), "--partitions", "1,3",
+        "--records", "2", "--record-bytes", "100", "--appends", "12", cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [
+        line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["1", "3"]
+    for row in rows[1:]:
+        cells = [float(c.strip()) for c in row.strip("|").split("|")]
+        assert cells[1] == 2
+        assert cells[2] + cells[3] > 0 and cells[4] > 0
     assert list(tmp_path.iterdir()) == []

@@ -60,6 +60,27 @@ def register(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=300, help="groups measured a row (300)")
     p.set_defaults(func=cmd_bench_sync)
 
+    p = cmds.add_parser(
+        "bench-group",
+        help="what a group of appends costs the node's I/O thread a request, by the "
+        "partitions in it (in-process)",
+    )
+    p.add_argument("--dir", default=".", help="on the filesystem to measure (default: here)")
+    p.add_argument(
+        "--partitions",
+        default="1,4,16,64",
+        help="partitions a group, each with one append, comma-separated (default 1,4,16,64)",
+    )
+    p.add_argument("--records", type=int, default=2, help="records an append (2)")
+    p.add_argument("--record-bytes", type=int, default=1024, help="data bytes a record (1024)")
+    p.add_argument(
+        "--appends",
+        type=int,
+        default=20000,
+        help="appends measured a row, in groups of --partitions (20000)",
+    )
+    p.set_defaults(func=cmd_bench_group)
+
     p = cmds.add_parser("bench", help="append rate and latency of one storage node vs the disk")
     p.add_argument(
         "--dir",
@@ -247,6 +268,34 @@ def cmd_bench_sync(args: argparse.Namespace) -> int:
             print(describe(measure(args.dir, n, args.bytes, args.rounds)), flush=True)
         except (OSError, RuntimeError) as e:
             return _fail(str(e))
+    return 0
+
+
+def cmd_bench_group(args: argparse.Namespace) -> int:
+    from .bench import machine_summary
+    from .group_cost import HEADER, describe, measure
+
+    try:
+        partitions = [int(x) for x in args.partitions.split(",")]
+    except ValueError:
+        return _fail(f"--partitions takes comma-separated integers, got {args.partitions!r}")
+    if any(n < 1 for n in partitions) or min(args.records, args.record_bytes, args.appends) < 1:
+        return _fail("--partitions, --records, --record-bytes and --appends must be at least 1")
+    if not os.path.isdir(args.dir):
+        return _fail(f"--dir {args.dir}: not a directory")
+    print(
+        f"storage bench-group on {machine_summary()}, in {os.path.abspath(args.dir)}: "
+        f"{args.records} records of {args.record_bytes} bytes an append, "
+        f"about {args.appends:,} appends a row"
+    )
+    print(HEADER)
+    for n in partitions:
+        try:
+            groups = -(-args.appends // n)  # rounded up
+            cost = measure(args.dir, n, args.records, args.record_bytes, groups)
+        except (OSError, RuntimeError) as e:
+            return _fail(str(e))
+        print(describe(cost), flush=True)
     return 0
 
 
