@@ -93,9 +93,10 @@ etcd-deps:
 ## alert tests, see prometheus-deps, libfaketime for the clock-skew test, see
 ## faketime-deps, and etcd for the compare sweep's tests, see etcd-deps),
 ## three test files at a time on two cores: most tests wait on processes and timeouts,
-## not the CPU (the suite used 44% of two cores with two at a time)
+## not the CPU (the suite used 44% of two cores with two at a time); the slowest 25
+## tests listed at the end, to keep the suite within its 15 minutes
 test: $(STAMP) fault-deps postgres-deps prometheus-deps faketime-deps etcd-deps lint
-	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 ## lint: ruff; the import contracts (layers, no circles: [tool.importlinter] in
 ## pyproject.toml, docs/architecture.md); mypy, strict on wire/ and the pure cores
