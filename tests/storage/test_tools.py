@@ -327,6 +327,11 @@ def test_bench_says_why_its_node_did_not_start(tmp_path, waltz):
     assert "Traceback" not in result.stderr
 
 
+def table_rows(output: str) -> list[str]:
+    """A benchmark's Markdown table: its header and rows, without the alignment line."""
+    return [line for line in output.splitlines() if line.startswith("| ") and "---" not in line]
+
+
 @pytest.mark.skipif(load_write_back() is None, reason="needs Linux 5.8+ (sync_file_range)")
 def test_bench_sync_compares_a_file_each_with_one_journal(tmp_path, waltz):
     """What making a group durable costs by the files it touched: a row a file count,
@@ -336,9 +341,7 @@ def test_bench_sync_compares_a_file_each_with_one_journal(tmp_path, waltz):
         "--rounds", "5", cwd=tmp_path, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [
-        line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line
-    ]
+    rows = table_rows(result.stdout)
     assert [row.split("|")[1].strip() for row in rows[1:]] == ["1", "3"]
     for row in rows[1:]:
         cells = [c.strip() for c in row.strip("|").split("|")]
@@ -355,9 +358,7 @@ def test_bench_group_reports_a_row_a_group_size_and_leaves_nothing(tmp_path, wal
         "--records", "2", "--record-bytes", "100", "--appends", "12", cwd=tmp_path, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [
-        line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line
-    ]
+    rows = table_rows(result.stdout)
     assert [row.split("|")[1].strip() for row in rows[1:]] == ["1", "3"]
     for row in rows[1:]:
         cells = [float(c.strip()) for c in row.strip("|").split("|")]
