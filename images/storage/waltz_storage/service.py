@@ -158,8 +158,8 @@ def _enter_log_context(
     service: PartitionService, requests: list[StorageMessage]
 ) -> tuple[contextvars.Token[int | None], contextvars.Token[int | None] | None]:
     """What a partition's requests log names: the partition, and the server's session
-    when they all come from one (set directly: a ``log_context`` object a partition and
-    group costs more than the rest of a small append's bookkeeping)."""
+    when they all come from one. Set directly, without a ``log_context`` object: this
+    runs for every partition of every group."""
     session: int | None = requests[0].session_id if requests else None
     if any(r.session_id != session for r in requests):
         session = None
