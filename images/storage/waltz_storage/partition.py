@@ -166,7 +166,6 @@ class PartitionLog:
         if batch.format.version != DEFAULT_FORMAT.version:
             batch = batch.convert(DEFAULT_FORMAT)
             spans = batch.spans
-        overhead = _OVERHEAD
         start = 0
         while start < n:
             active = self.segments[-1]
@@ -179,7 +178,7 @@ class PartitionLog:
             stop = start
             used = 0
             while stop < n and (stop == start or used < room):
-                used += spans[stop][2] + overhead
+                used += spans[stop][2] + _OVERHEAD
                 stop += 1
             active.write_batch(batch, start, stop, zeros_until=self.segment_bytes)
             start = stop

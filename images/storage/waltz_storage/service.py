@@ -69,8 +69,9 @@ def process_group(
             finally:
                 _leave_log_context(tokens)
         appending = [p for p in pending if p.unsynced]
+        sync_data: Callable[[int], None] | None = None  # None: each partition its own fsync
         if len(appending) > 1 and group_sync.available:
-            sync_data: Callable[[int], None] = already_durable
+            sync_data = already_durable
             started = time.perf_counter()
             try:
                 group_sync.make_durable([p.service.active_segment for p in appending])
@@ -79,19 +80,12 @@ def process_group(
             else:
                 elapsed = time.perf_counter() - started
                 metrics.group_sync_seconds.labels(group_sync.method).observe(elapsed)
-            for p in appending:
-                token = PARTITION.set(p.service.partition_id)
-                try:
-                    p.service.commit(p, sync_data)
-                finally:
-                    PARTITION.reset(token)
-        else:
-            for p in appending:
-                token = PARTITION.set(p.service.partition_id)
-                try:
-                    p.service.commit(p)
-                finally:
-                    PARTITION.reset(token)
+        for p in appending:
+            token = PARTITION.set(p.service.partition_id)
+            try:
+                p.service.commit(p, sync_data)
+            finally:
+                PARTITION.reset(token)
         if several:
             _sync_control(pending)  # last: a failure replaces every answer of its partition
         return [p.responses for p in pending]  # type: ignore[misc]
